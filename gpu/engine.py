@@ -90,7 +90,7 @@ from spec.events import (
     RowReleased,
     StepResult,
 )
-from spec.golden import GoldenTie
+from spec.golden import GoldenBranch, GoldenTie
 from spec.implementation import DllmImplementation
 from spec.machine import finish_of, output_of
 from spec.profile import DllmConfigSpace, DllmPolicy, DllmProfile
@@ -890,6 +890,17 @@ class DllmEngine:
         from gpu.golden import engine_near_tie
 
         return engine_near_tie(self, request)
+
+    def golden_output_past_ties(
+        self, request: RequestSpec, actual: FinishedOutput
+    ) -> GoldenBranch | None:
+        """`spec.golden.DecodesPastGoldenTies`: the golden decoding of `request` with near-ties
+        taken the other way (within float noise, `gpu.golden.golden_past_ties`) whose output is
+        `actual`, or None. Both sides of such a tie are correct decodings; the paged path may
+        take the side the dense one did not."""
+        from gpu.golden import engine_past_ties
+
+        return engine_past_ties(self, request, actual)
 
 
 # ---------------------------------------------------------------------------- factories

@@ -34,18 +34,32 @@ import torch
 
 from gpu.algorithms import DllmAlgorithm, JointThreshold, LowConfidence
 from gpu.model import BlockDiffusionLM
-from gpu.near_tie import first_near_tie
+from gpu.near_tie import NearTie, first_near_tie, flipped
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID
 from spec.config import DllmConfig, RequestSpec, validate_request
 from spec.errors import ConfigError
 from spec.events import FinishReason
-from spec.golden import GoldenTie
+from spec.golden import GoldenBranch, GoldenTie, first_difference
 from spec.machine import finish_of
 from spec.snapshot import FinishedOutput
 
 if TYPE_CHECKING:
     from gpu.engine import DllmEngine
+
+
+@dataclass(frozen=True, slots=True)
+class TieAt:
+    """A near-tie of a golden decoding, located: the block (its index), the forward within the
+    block's decoding (1-based) and the tie (`gpu.near_tie.NearTie`) in that forward's logits."""
+
+    block: int
+    forward: int
+    tie: NearTie
+
+
+class CannotFlip(Exception):
+    """A flip asked of `golden_decode` that no move within float noise makes (`flipped`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +80,7 @@ class GoldenDecode:
     finish_reason: FinishReason
     forwards_per_block: tuple[int, ...]
     near_tie: GoldenTie | None = None
+    tie_at: TieAt | None = None
 
 
 def golden_decode(
@@ -75,12 +90,15 @@ def golden_decode(
     request: RequestSpec,
     *,
     find_ties: bool = False,
+    flips: tuple[TieAt, ...] = (),
 ) -> GoldenDecode:
     """Decode `request` alone (see the module docstring). With `find_ties`, also look in every
     forward for a decision within float noise of flipping and record the first
-    (`GoldenDecode.near_tie`; it costs a little per forward, so only a report asks). Raises
-    the engine's request errors (`spec.errors.RequestError` subclasses) for a request the
-    engine would refuse."""
+    (`GoldenDecode.near_tie`, located in `tie_at`; it costs a little per forward, so only a
+    report asks), after the last of `flips`. Each of `flips` is taken the other way: its
+    forward's logits are moved within float noise until it flips (`gpu.near_tie.flipped`;
+    `CannotFlip` when none does). Raises the engine's request errors
+    (`spec.errors.RequestError` subclasses) for a request the engine would refuse."""
     validate_request(config, request)
     tokens = TokenMap(config, model.config.vocab_size, MASK_ID, EOS_ID)
     tokens.check_prompt(request.request_id, request.prompt)
@@ -90,7 +108,9 @@ def golden_decode(
     committed = torch.empty(0, dtype=torch.long, device=device)  # internal ids
     generated: list[int] = []  # config ids
     forwards: list[int] = []
-    ties: list[GoldenTie] = []  # the first near-tie, once found
+    ties: list[tuple[GoldenTie, TieAt]] = []  # the first near-tie, once found
+    flip_at = {(f.block, f.forward): f.tie for f in flips}
+    look_after = max(flip_at, default=(-1, 0))  # the flips' own forwards hold their ties
     start = 0
     with torch.inference_mode():
         while True:
@@ -112,11 +132,18 @@ def golden_decode(
                 logits = model.forward_dense(sequence, size)[:, context.shape[0] :]
                 logits[..., MASK_ID] = float("-inf")  # as the engine's model runner does
                 calls[0] += 1
-                if find_ties and not ties:
-                    note = _near_tie(algorithm, logits[0], rows[0].cpu(), generated_at)
-                    if note:
+                here = (index, calls[0])
+                if here in flip_at:
+                    moved = flipped(logits[0], flip_at[here], _threshold(algorithm))
+                    if moved is None:
+                        raise CannotFlip(f"block {index}, forward {calls[0]}")
+                    logits = moved[None]
+                if find_ties and not ties and here > look_after:
+                    tie = _near_tie(algorithm, logits[0], rows[0].cpu(), generated_at)
+                    if tie is not None:
                         first = max(0, index * size - len(prompt))  # its first output token
-                        ties.append(GoldenTie(first, f"block {index}, forward {calls[0]}: {note}"))
+                        where = f"block {index}, forward {calls[0]}: {tie.describe()}"
+                        ties.append((GoldenTie(first, where), TieAt(index, calls[0], tie)))
                 return logits
 
             _, count = algorithm.run(forward, block, algorithm.init_states(block), "sync")
@@ -127,21 +154,28 @@ def golden_decode(
             start += size
             end = finish_of(config, request, generated)
             if end is not None:
-                return GoldenDecode(end[1], end[0], tuple(forwards), ties[0] if ties else None)
+                found, at = ties[0] if ties else (None, None)
+                return GoldenDecode(end[1], end[0], tuple(forwards), found, at)
+
+
+def _threshold(algorithm: DllmAlgorithm) -> float:
+    """The commit threshold of an algorithm whose ties `_near_tie` finds."""
+    if not isinstance(algorithm, LowConfidence | JointThreshold):
+        raise CannotFlip(f"{type(algorithm).__name__} reports no near-ties")
+    return algorithm.threshold
 
 
 def _near_tie(
     algorithm: DllmAlgorithm, logits: torch.Tensor, rows: torch.Tensor, generated_at: torch.Tensor
-) -> str | None:
-    """The near-tie of one forward's decision (`gpu.near_tie`) as a clause, or None; only for
-    the algorithms whose decisions it knows (LowConfidence, JointThreshold)."""
+) -> NearTie | None:
+    """The near-tie of one forward's decision (`gpu.near_tie`), or None; only for the
+    algorithms whose decisions it knows (LowConfidence, JointThreshold)."""
     if not isinstance(algorithm, LowConfidence | JointThreshold):
         return None
     masked = rows == MASK_ID
     edits = isinstance(algorithm, JointThreshold) and not bool(masked.any())
     editable = generated_at & ~masked if edits else torch.zeros_like(masked)
-    tie = first_near_tie(logits.cpu(), masked, editable, algorithm.threshold)
-    return None if tie is None else tie.describe()
+    return first_near_tie(logits.cpu(), masked, editable, algorithm.threshold)
 
 
 # Golden decodings per model, keyed by what they depend on (shrinking and the conformance
@@ -187,6 +221,51 @@ def engine_near_tie(engine: DllmEngine, request: RequestSpec) -> GoldenTie | Non
     if not isinstance(algorithm, DllmAlgorithm):
         return None
     return golden_decode(engine.model, algorithm, engine.config, request, find_ties=True).near_tie
+
+
+#: The most near-ties `golden_past_ties` takes the other way for one request.
+MOST_FLIPS = 4
+
+
+def golden_past_ties(
+    model: BlockDiffusionLM,
+    algorithm: DllmAlgorithm,
+    config: DllmConfig,
+    request: RequestSpec,
+    actual: FinishedOutput,
+) -> GoldenBranch | None:
+    """The golden decoding of `request` with near-ties taken the other way whose output is
+    `actual`, or None. One tie at a time: decode, and while the output differs from `actual`,
+    take the first near-tie after the last flip the other way if it can change a token at or
+    before the first difference, up to `MOST_FLIPS` ties. A decoding that parts from `actual`
+    with no such tie before it cannot be explained by float noise: None."""
+    flips: tuple[TieAt, ...] = ()
+    taken: tuple[GoldenTie, ...] = ()
+    while True:
+        try:
+            decode = golden_decode(model, algorithm, config, request, find_ties=True, flips=flips)
+        except CannotFlip:
+            return None
+        output = FinishedOutput(decode.tokens, decode.finish_reason)
+        if output == actual:
+            return GoldenBranch(output, taken) if taken else None
+        tie, at = decode.near_tie, decode.tie_at
+        if tie is None or at is None or len(flips) == MOST_FLIPS:
+            return None
+        if tie.token > first_difference(actual, output):
+            return None
+        flips, taken = (*flips, at), (*taken, tie)
+
+
+def engine_past_ties(
+    engine: DllmEngine, request: RequestSpec, actual: FinishedOutput
+) -> GoldenBranch | None:
+    """`DllmEngine.golden_output_past_ties`: `golden_past_ties` with the engine's model,
+    configured algorithm and configuration (None when its algorithm has no golden decoding)."""
+    algorithm = engine.configured_algorithm
+    if not isinstance(algorithm, DllmAlgorithm):
+        return None
+    return golden_past_ties(engine.model, algorithm, engine.config, request, actual)
 
 
 def engine_golden(engine: DllmEngine, request: RequestSpec) -> FinishedOutput:

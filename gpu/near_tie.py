@@ -13,6 +13,7 @@ forward's logits so a report can say so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -84,8 +85,12 @@ def first_near_tie(
             ids = top.indices[i].tolist()
             return NearTie(i, "argmax", gaps[i], 2 * bound, (int(ids[0]), int(ids[1])))
     for i in masked_at:
-        # a logit moved by the noise moves log p by at most twice the noise
-        if abs(probs[i] - threshold) <= 2 * bound * probs[i]:
+        # a logit moved by the noise moves log p by at most twice the noise; the most
+        # confident position is committed either way when no other clears the threshold
+        decides = any(probs[j] > threshold for j in masked_at if j != i) or probs[i] < max(
+            probs[j] for j in masked_at
+        )
+        if decides and abs(probs[i] - threshold) <= 2 * bound * probs[i]:
             return NearTie(i, "threshold", abs(probs[i] - threshold), 2 * bound * probs[i])
     below = sorted((i for i in masked_at if probs[i] <= threshold), key=lambda i: -probs[i])
     if len(below) == len(masked_at) and len(below) >= 2:
@@ -93,4 +98,68 @@ def first_near_tie(
         gap, noise = probs[a] - probs[b], 2 * bound * (probs[a] + probs[b])
         if gap <= noise:
             return NearTie(min(a, b), "fallback", gap, noise, other=max(a, b))
+    return None
+
+
+#: How far `flipped` may move one logit, in multiples of the noise bound (`tolerance`): a
+#: near-tie lies within twice the bound, and moving past it takes a little more.
+MOST_MOVE = 4.0
+
+
+def flipped(logits: torch.Tensor, tie: NearTie, threshold: float) -> torch.Tensor | None:
+    """`logits` [B, V] as float32, with one logit at `tie.position` moved so that the decision
+    `tie` names comes out the other way: the other of the two tokens wins the argmax, the
+    confidence lands on the other side of `threshold`, or the other masked position becomes the
+    most confident. The move is at most `MOST_MOVE` noise bounds (`tolerance`), so the result is
+    logits the serving path may compute as well; None when no such move flips the decision."""
+    z = logits.float().clone()
+    most = MOST_MOVE * tolerance(z)
+    if tie.kind == "argmax" and tie.tokens is not None:
+        row = z[tie.position]
+        winner = int(torch.argmax(row))
+        loser = tie.tokens[1] if winner == tie.tokens[0] else tie.tokens[0]
+        lifted = torch.nextafter(row[winner], torch.tensor(float("inf")))
+        if float(lifted - row[loser]) > most:
+            return None
+        row[loser] = lifted
+        return z if int(torch.argmax(row)) == loser else None
+    if tie.kind == "threshold":
+        committed = _confidence(z[tie.position]) > _f32(threshold)
+        return _moved(z, tie.position, lambda p: (p > _f32(threshold)) != committed, most)
+    if tie.other is None:
+        return None
+    a, b = tie.position, tie.other
+    chosen = a if _confidence(z[a]) >= _confidence(z[b]) else b  # argmax: first on ties
+    other = b if chosen == a else a
+    rival = _confidence(z[chosen])
+    return _moved(z, other, lambda p: p > rival, most)
+
+
+def _f32(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def _confidence(row: torch.Tensor) -> torch.Tensor:
+    """The float32 softmax probability of the argmax, as `gpu.algorithms` computes it."""
+    return torch.softmax(row, dim=-1).max()
+
+
+def _moved(
+    z: torch.Tensor,
+    position: int,
+    flips: Callable[[torch.Tensor], torch.Tensor],
+    most: float,
+) -> torch.Tensor | None:
+    """`z` with the argmax logit at `position` moved by the smallest of a few growing steps
+    (up to `most`, either way) after which `flips(confidence)` holds; None when none does."""
+    row = z[position]
+    top = int(torch.argmax(row))
+    base = float(row[top])
+    for step in (most / 64, most / 16, most / 4, most):
+        for signed in (step, -step):
+            trial = row.clone()
+            trial[top] = base + signed
+            if int(torch.argmax(trial)) == top and bool(flips(_confidence(trial))):
+                z[position] = trial
+                return z
     return None

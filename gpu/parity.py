@@ -57,7 +57,9 @@ from spec.batch_parity import (
     VariantRun,
     batch_sizes_clause,
     compare_variants,
+    golden_column,
     golden_outputs,
+    golden_verdict,
     run_variant,
     timing_key,
     variant_config,
@@ -165,7 +167,8 @@ class ParityCase:
     identical_digests: bool  # every batch-size-1 run's logits digests equal sync's
     mismatched: tuple[str, ...]  # runs that differ from sync at batch size 1
     golden: bool | None = None  # the output equals the golden decoding (None: not checked)
-    golden_detail: str = ""  # how it differs from the golden output
+    golden_detail: str = ""  # how it differs from the golden output, or agrees past ties
+    golden_ties: int = 0  # near-ties taken the other way to agree (spec.batch_parity)
 
     @property
     def identical(self) -> bool:
@@ -187,6 +190,7 @@ class ParityCase:
             "mismatched": list(self.mismatched),
             "golden": self.golden,
             "golden_detail": self.golden_detail,
+            "golden_ties": self.golden_ties,
         }
 
 
@@ -399,6 +403,7 @@ def run_algorithm(
                 ),
                 golden=verdict.golden,
                 golden_detail=verdict.golden_detail,
+                golden_ties=verdict.golden_ties,
             )
         )
     return cases
@@ -476,7 +481,7 @@ def _print_table(report: ParityReport) -> None:
             str(c.forwards),
             "same" if c.identical_outputs else "DIFF " + ",".join(c.mismatched),
             "same" if c.identical_digests else "DIFF",
-            {True: "same", False: "DIFF", None: "-"}[c.golden],
+            golden_column(c.golden, c.golden_ties),
             c.output,
         )
         for c in report.cases
@@ -490,7 +495,7 @@ def _print_table(report: ParityReport) -> None:
         if c.golden_detail:
             print(f"golden {c.algorithm} #{c.index}: {c.golden_detail}")
     verdict = "IDENTICAL" if report.identical else "MISMATCH"
-    golden = "golden agrees" if report.golden else "golden DIFFERS"
+    golden = golden_verdict(report.golden, [c.golden_ties for c in report.cases])
     print(
         f"\ndevice {report.device}: {verdict}, {golden} "
         f"({sum(c.identical for c in report.cases)}/{len(report.cases)} cases identical; "

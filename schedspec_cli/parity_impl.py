@@ -36,7 +36,9 @@ from spec.batch_parity import (
     batch_sizes_clause,
     compare_variants,
     context_for,
+    golden_column,
     golden_outputs,
+    golden_verdict,
     run_variant,
     timing_key,
     variant_config,
@@ -215,6 +217,7 @@ def run_impl_parity(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             "mismatched": [ran_as[name] for name in v.mismatched],
             "golden": v.golden,
             "golden_detail": v.golden_detail,
+            "golden_ties": v.golden_ties,
         }
         for i, v in enumerate(compare_variants(requests, runs, golden))
     ]
@@ -248,7 +251,7 @@ def print_report(report: dict[str, Any]) -> None:
     and how it differs from the golden output), then the verdict with the leak counts."""
     cases = report["cases"]
     for c in cases:
-        golden = {True: "same", False: "DIFF", None: "-"}[c["golden"]]
+        golden = golden_column(c["golden"], c.get("golden_ties", 0))
         runs = "same" if c["identical"] else "DIFF " + ",".join(c["mismatched"])
         print(f"#{c['index']:<3} runs {runs:<5} golden {golden:<4} prompt [{c['prompt']}]")
         if c["golden_detail"]:
@@ -257,7 +260,7 @@ def print_report(report: dict[str, Any]) -> None:
     if not report["golden_checked"]:
         golden = "no golden decoder (golden_output) to compare with"
     else:
-        golden = "golden agrees" if report["golden"] else "golden DIFFERS"
+        golden = golden_verdict(report["golden"], [c.get("golden_ties", 0) for c in cases])
     print(
         f"\n{report['impl']}: {verdict}, {golden} "
         f"({sum(c['identical'] for c in cases)}/{len(cases)} cases; "

@@ -192,6 +192,15 @@ def _check_case(case: object, where: str, impl: str) -> None:
         _field(case, "identical_digests", bool, where)
     _field(case, "mismatched", list, where)
     _field(case, "golden", (bool, type(None)), where, "true, false or null (not checked)")
+    if "golden_ties" in case:  # reports before 2026-12-06 have none
+        ties = _field(case, "golden_ties", int, where, "a count of ties (0 or more)")
+        if ties < 0 or (ties and case["golden"] is not True):
+            raise ConfigError(
+                f"{where}.golden_ties",
+                ties,
+                "0, or the ties a case that agrees with golden took the other way (its golden "
+                "is true)",
+            )
 
 
 def load_report(path: str) -> dict[str, Any]:
@@ -469,9 +478,11 @@ def release_check_main(argv: list[str]) -> int:
         if runs_kernels(report)
         else "(no model: the device does not apply)"
     )
+    tied = sum(1 for case in report["cases"] if case.get("golden_ties", 0))
+    past_ties = f" ({tied} case(s) once float ties are taken the other way)" if tied else ""
     print(
         f"release run OK: {report['impl']} {where}, {len(report['cases'])} cases, "
-        "byte-identical at every batch size, golden agrees, no leaked slot or row"
+        f"byte-identical at every batch size, golden agrees{past_ties}, no leaked slot or row"
     )
     return 0
 

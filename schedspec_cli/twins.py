@@ -140,7 +140,8 @@ STOCK_TWINS = {
 def _refuse_the_users_own_class(name: str) -> None:
     """A real-engine built-in as `--twin` while the engine's scheduler class variable names a
     class of the user's: the twin would build that class too, comparing it with itself (and
-    passing whatever it decides), or refuse it when it is of another kind. `ConfigError` naming the variable and the stock twins."""
+    passing whatever it decides), or refuse it when it is of another kind. `ConfigError` naming
+    the variable and the stock twins."""
     builtin = BUILTINS.get(name)
     if builtin is None or builtin.engine not in STOCK_TWINS:
         return

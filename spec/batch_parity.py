@@ -18,7 +18,13 @@ from spec.adapter import SchedulerAdapter
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import ConfigError, SpecViolation
 from spec.events import Event, Finished
-from spec.golden import GoldenDecoder, golden_mismatch, golden_tie_note
+from spec.golden import (
+    GoldenDecoder,
+    explained_by_ties,
+    golden_mismatch,
+    golden_tie_note,
+    tie_agreement_note,
+)
 from spec.machine import SpecMachine
 from spec.profile import DllmPolicy
 from spec.snapshot import FinishedOutput, wrong_output
@@ -125,7 +131,11 @@ class CaseVerdict:
     identical_outputs: its output and finish reason are the same in every run.
     mismatched: the runs whose output differs from the reference run's (the first run).
     golden: True/False when the implementation has a golden decoder, else None;
-    golden_detail: how the reference output differs from the golden output ("" if it agrees).
+    golden_detail: how the reference output differs from the golden output, or how it agrees
+        past near-ties taken the other way (`spec.golden.tie_agreement_note`); "" when it
+        equals the golden output.
+    golden_ties: how many near-ties the golden decoding took the other way to agree (0 when
+        it agrees as it is, or does not).
     """
 
     request: RequestSpec
@@ -134,6 +144,7 @@ class CaseVerdict:
     mismatched: tuple[str, ...]
     golden: bool | None
     golden_detail: str
+    golden_ties: int = 0
 
 
 def compare_variants(
@@ -151,16 +162,21 @@ def compare_variants(
         bad = tuple(r.name for r in runs[1:] if r.outputs.get(rid) != want)
         agrees: bool | None = None
         detail = ""
+        ties = 0
         if golden is not None:
             if want is None:
                 agrees, detail = False, f"{rid!r} did not finish in the reference run"
             else:
                 detail = golden_mismatch(request, want, golden[rid]) or ""
-                if detail:
-                    detail += golden_tie_note(ref.adapter, request, want, golden[rid])
-                agrees = not detail
+                branch = explained_by_ties(ref.adapter, request, want) if detail else None
+                if branch is not None:  # a correct decoding: a tie broken the other way
+                    agrees, detail, ties = True, tie_agreement_note(branch), len(branch.ties)
+                else:
+                    if detail:
+                        detail += golden_tie_note(ref.adapter, request, want, golden[rid])
+                    agrees = not detail
         verdicts.append(
-            CaseVerdict(request, want, want is not None and not bad, bad, agrees, detail)
+            CaseVerdict(request, want, want is not None and not bad, bad, agrees, detail, ties)
         )
     return verdicts
 
@@ -213,3 +229,22 @@ def batch_sizes_clause(batch_sizes: Sequence[int]) -> str:
         "every mode at batch size 1 vs sync at batch size 1; batch parity not exercised: no "
         "batched run held two rows at once, which takes two prompts or more"
     )
+
+
+def golden_column(golden: bool | None, ties: int) -> str:
+    """A case's golden verdict in a report's table: same, tie (same once near-ties are taken
+    the other way), DIFF, or - (not checked)."""
+    if golden is True and ties:
+        return "tie"
+    return {True: "same", False: "DIFF", None: "-"}[golden]
+
+
+def golden_verdict(golden: bool, ties: Sequence[int]) -> str:
+    """The golden part of a report's summary line; it counts the cases that agree only once
+    near-ties are taken the other way."""
+    if not golden:
+        return "golden DIFFERS"
+    through = sum(1 for n in ties if n)
+    if not through:
+        return "golden agrees"
+    return f"golden agrees ({through} case(s) once float ties are taken the other way: 'tie')"

@@ -13,7 +13,11 @@ The harness checks every finished request against it after every round when the 
 `golden_output` (`GoldenDecoder`); an adapter without it is not checked this way. An adapter
 whose golden path computes in other floats than its serving path (the engine: dense against
 paged) may also say where a golden decoding took a decision within float noise of flipping
-(`ReportsGoldenTies`); a mismatch report then names it (`golden_tie_note`).
+(`ReportsGoldenTies`); a mismatch report then names it (`golden_tie_note`). One that can also
+decode the request again with such decisions taken the other way (`DecodesPastGoldenTies`)
+lets a check accept an output that equals one of those decodings: both sides of a decision
+within float noise are correct decodings (`explained_by_ties`), and the agreement says which
+ties it took.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from spec.config import RequestSpec
-from spec.snapshot import FinishedOutput
+from spec.errors import SpecViolation
+from spec.snapshot import FinishedOutput, wrong_output
 
 
 @runtime_checkable
@@ -133,4 +138,75 @@ def golden_tie_note(
         f"; the golden decoding took a decision within float noise of flipping before it "
         f"({tie.where}): the golden and serving paths may break such a tie apart, so this "
         "difference can be float noise rather than a scheduling bug"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GoldenBranch:
+    """A golden decoding of one request with some near-ties taken the other way.
+
+    output: what that decoding outputs; ties: the decisions it took the other way, in order
+        (each within float noise of flipping in the decoding before it), at least one.
+    """
+
+    output: FinishedOutput
+    ties: tuple[GoldenTie, ...]
+
+
+@runtime_checkable
+class DecodesPastGoldenTies(Protocol):
+    """A `ReportsGoldenTies` decoder that can follow the other side of its near-ties.
+
+    `golden_output_past_ties(request, actual)` decodes `request` alone again, taking the other
+    side of each near-tie at or before the point where its decoding parts from `actual` (one
+    at a time, a bounded number), and returns the branch whose output equals `actual`, or None
+    when no such branch does. Like `golden_output` it changes nothing and is deterministic.
+    """
+
+    def golden_output_past_ties(
+        self, request: RequestSpec, actual: FinishedOutput
+    ) -> GoldenBranch | None:
+        """The golden branch (near-ties taken the other way) whose output is `actual`, or None."""
+        ...
+
+
+def explained_by_ties(
+    adapter: object, request: RequestSpec, actual: FinishedOutput
+) -> GoldenBranch | None:
+    """The branch of `adapter`'s golden decoding that outputs `actual` (`DecodesPastGoldenTies`),
+    or None when the adapter follows no ties or no branch outputs it. What the adapter returns
+    is checked: anything but None or a `GoldenBranch` of at least one tie whose output is a
+    `FinishedOutput` equal to `actual` breaks `golden_output`, saying what it returned (an
+    implementation cannot excuse a mismatch with a branch that does not match)."""
+    if not isinstance(adapter, DecodesPastGoldenTies):
+        return None
+    branch: object = adapter.golden_output_past_ties(request, actual)
+    if branch is None:
+        return None
+    source = f"golden_output_past_ties(request {request.request_id!r}) returned"
+    if not isinstance(branch, GoldenBranch):
+        raise SpecViolation(
+            "golden_output",
+            f"{source} {type(branch).__name__}, not a spec.golden.GoldenBranch or None",
+        )
+    problem = wrong_output(branch.output, f"{source} a branch whose output is")
+    if problem is not None:
+        raise SpecViolation("golden_output", problem)
+    if branch.output != actual or not branch.ties:
+        raise SpecViolation(
+            "golden_output",
+            f"{source} a branch that does not explain {list(actual.tokens)} "
+            f"({actual.reason.value}): its output is {list(branch.output.tokens)} "
+            f"({branch.output.reason.value}) past {len(branch.ties)} tie(s); it returns None "
+            "when no branch outputs the actual output",
+        )
+    return branch
+
+
+def tie_agreement_note(branch: GoldenBranch) -> str:
+    """How an output that equals a golden branch agrees, in one line (for a report)."""
+    taken = "; ".join(tie.where for tie in branch.ties)
+    return (
+        f"agrees with its golden decoding once {len(branch.ties)} decision(s) within float "
+        f"noise of flipping are taken the other way ({taken})"
     )

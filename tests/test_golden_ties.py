@@ -50,12 +50,23 @@ def test_two_candidates_within_the_noise_are_an_argmax_tie() -> None:
 
 
 def test_a_confidence_at_the_threshold_is_a_tie() -> None:
-    at = _logits([_confident(0.95)])
-    clear = _logits([_confident(0.9)])
-    masked = torch.tensor([True])
-    tie = first_near_tie(at, masked, torch.tensor([False]), threshold=0.95)
+    """Beside a position that clears the threshold: committed or not, by a hair."""
+    at = _logits([_confident(0.95), _confident(0.99)])
+    clear = _logits([_confident(0.9), _confident(0.99)])
+    masked = torch.tensor([True, True])
+    tie = first_near_tie(at, masked, torch.tensor([False, False]), threshold=0.95)
     assert tie is not None and tie.kind == "threshold" and tie.position == 0
-    assert first_near_tie(clear, masked, torch.tensor([False]), threshold=0.95) is None
+    assert first_near_tie(clear, masked, torch.tensor([False, False]), threshold=0.95) is None
+
+
+def test_the_most_confident_position_at_the_threshold_decides_nothing() -> None:
+    """Alone, or beside less confident positions none of which clears the threshold, it is
+    committed either way (by the threshold, or as the fallback's most confident)."""
+    masked = torch.tensor([True, True])
+    for rows in ([_confident(0.95)], [_confident(0.95), _confident(0.5)]):
+        logits = _logits(rows)
+        none = torch.zeros(len(rows), dtype=torch.bool)
+        assert first_near_tie(logits, masked[: len(rows)], none, threshold=0.95) is None
 
 
 def test_two_equally_unconfident_positions_are_a_fallback_tie() -> None:

@@ -566,3 +566,29 @@ def test_a_prompt_and_budget_the_context_cannot_hold_is_an_input_error(
         "schedspec: error: invalid cases[1].max_new_tokens=255: at most 56 beside its prompt of "
         "200 tokens (the shipped model's context is 256 tokens, prompt included)\n"
     )
+
+
+def test_cases_that_agree_past_float_ties_pass_and_are_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A case whose output equals its golden decoding once a near-tie is taken the other way
+    agrees (`spec.golden.DecodesPastGoldenTies`); the verdict counts such cases."""
+    r = report()
+    r["cases"][1]["golden_ties"] = 1
+    code, out = check(tmp_path, r, capsys)
+    assert code == 0, out
+    assert "golden agrees (1 case(s) once float ties are taken the other way)" in out
+    assert "once float ties" not in check(tmp_path, report(), capsys)[1]
+
+
+@pytest.mark.parametrize(("ties", "golden"), [(-1, True), (1, False), (True, True), ("1", True)])
+def test_a_tie_count_that_cannot_be_is_an_input_error(
+    ties: object, golden: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ties are counted only where a case agrees with golden by them."""
+    r = report()
+    r["cases"][0]["golden_ties"], r["cases"][0]["golden"] = ties, golden
+    code, out, err = check_argv(tmp_path, json.dumps(r), capsys)
+    assert (code, out) == (2, ""), out
+    assert err.startswith("schedspec: error: invalid cases[0].golden_ties="), err
+    assert err.count("\n") == 1
