@@ -63,11 +63,15 @@ class EngineNotInstalled(ConfigError):
             if others
             else "not installed"
         )
+        # a release chosen by its variable is installed under the same variable
+        variable = f"SCHEDSPEC_{engine.upper()}_VERSION"
+        chosen = os.environ.get(variable, "").strip()
+        command = f"{variable}={chosen} " if chosen else ""
         super().__init__(
             "impl",
             wanted_by or engine,
-            f"an installed engine ({engine} is {state}): run `{INSTALL_COMMAND} {engine}` "
-            f"(installs into {directory})",
+            f"an installed engine ({engine} is {state}): run `{command}{INSTALL_COMMAND} "
+            f"{engine}` (installs into {directory})",
         )
 
     def wanted_by(self, impl: str) -> EngineNotInstalled:

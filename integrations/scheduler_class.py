@@ -17,8 +17,18 @@ from spec.errors import ConfigError
 
 
 def selected_class(variable: str) -> str | None:
-    """The class the environment variable `variable` names, or None when unset or empty."""
-    value = os.environ.get(variable, "").strip()
+    """The class the environment variable `variable` names, or None when unset or empty. A
+    value of blanks only is a `ConfigError`: a name lost on its way, not a request for the
+    engine's own class (that is the variable unset, or set to nothing)."""
+    raw = os.environ.get(variable, "")
+    value = raw.strip()
+    if raw and not value:
+        raise ConfigError(
+            variable,
+            raw,
+            "a class named 'package.module.Class', or nothing (unset, or empty) for the "
+            "engine's own scheduler",
+        )
     return value or None
 
 
@@ -32,7 +42,7 @@ def resolve_class(variable: str, qualname: str, form: str) -> type[Any]:
         raise ConfigError(variable, qualname, form)
     try:
         module = importlib.import_module(module_name)
-    except Exception as err:  # the user's module: any error it raises is theirs to read
+    except (Exception, SystemExit) as err:  # the user's module: what it raises is theirs
         raise ConfigError(
             variable,
             qualname,

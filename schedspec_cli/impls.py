@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,8 +133,71 @@ def resolve(name: str, family: Family | str | None = None) -> Resolved:
         return resolve_builtin(builtin)
     before = activated_engines()
     obj = load_object(name, "impl")
+    _refuse_an_engines_scheduler_class(obj, name)
     impl = declared_implementation(obj, name, family)
     return Resolved(name, name, _checked(impl, name), None, activated_engines() - before)
+
+
+#: Vidur's replica scheduler modules (`vidur.scheduler.replica_scheduler.<module>`), by the
+#: kind of the `real-vidur-<kind>` built-in that builds their class.
+VIDUR_KIND_OF_MODULE = {
+    "vllm_replica_scheduler": "vllm",
+    "sarathi_replica_scheduler": "sarathi",
+    "orca_replica_scheduler": "orca",
+    "lightllm_replica_scheduler": "lightllm",
+    "faster_transformer_replica_scheduler": "ft",
+}
+
+
+def _refuse_an_engines_scheduler_class(obj: object, target: str) -> None:
+    """A scheduler class of vLLM's or Vidur's (or a subclass) given as `--impl` is no
+    implementation: it is checked by naming it in the engine's variable and running the
+    engine's built-in. A `ConfigError` saying so, with the command; nothing for anything else.
+    Without this, the class was refused as a factory whose family cannot be told, or, with
+    `--family`, built as one and reported as the user's `implementation_error`."""
+    if not isinstance(obj, type):
+        return
+    modules = [getattr(base, "__module__", "") or "" for base in obj.__mro__]
+    qualname = f"{obj.__module__}.{obj.__qualname__}"
+    if any(m.startswith("vllm.v1.core.sched.") for m in modules):
+        raise ConfigError(
+            "impl",
+            target,
+            "an implementation; a vLLM scheduler class is checked by naming it: "
+            f"SCHEDSPEC_VLLM_SCHEDULER_CLS={qualname} schedspec verify --impl real-vllm",
+        )
+    if any(m.startswith("vidur.scheduler.global_scheduler.") for m in modules):
+        raise ConfigError(
+            "impl",
+            target,
+            "an implementation; a Vidur global scheduler is checked only as Vidur's own "
+            "routing, by scripts/vidur_pipeline_check.py --routing round_robin|lor (no class of "
+            "one's own)",
+        )
+    prefix = "vidur.scheduler.replica_scheduler."
+    found = [m.removeprefix(prefix) for m in modules if m.startswith(prefix)]
+    if not found:
+        return
+    kinds = [
+        "mnemosyne" if m.startswith("mnemosyne_") else VIDUR_KIND_OF_MODULE[m]
+        for m in found
+        if m in VIDUR_KIND_OF_MODULE or m.startswith("mnemosyne_")
+    ]
+    if not kinds:
+        raise ConfigError(
+            "impl",
+            target,
+            "an implementation; a Vidur replica scheduler is checked as a subclass of one of "
+            "its kinds' classes (vllm, sarathi, orca, lightllm, ft, mnemosyne), named in "
+            "SCHEDSPEC_VIDUR_SCHEDULER_CLS and run by that kind's built-in (real-vidur-<kind>); "
+            f"{qualname} subclasses none of them",
+        )
+    raise ConfigError(
+        "impl",
+        target,
+        "an implementation; a Vidur replica scheduler class is checked by naming it: "
+        f"SCHEDSPEC_VIDUR_SCHEDULER_CLS={qualname} schedspec verify --impl real-vidur-{kinds[0]}",
+    )
 
 
 def resolve_builtin(builtin: Builtin) -> Resolved:
@@ -350,8 +414,9 @@ def ignored_scheduler_cls(targets: Sequence[Resolved]) -> str | None:
     before any run (`schedspec_cli.verify.plan`)."""
     lines = []
     for engine in ("vllm", "vidur"):
-        chosen = _scheduler_cls(engine)
-        if chosen is None:
+        # as set, blanks too: a value only a run of that engine reads is only noted here
+        chosen = os.environ.get(f"SCHEDSPEC_{engine.upper()}_SCHEDULER_CLS", "")
+        if not chosen:
             continue
         runs = any(
             (t.builtin is not None and t.builtin.engine == engine) or engine in t.engines_loaded
@@ -362,7 +427,8 @@ def ignored_scheduler_cls(targets: Sequence[Resolved]) -> str | None:
         names = ", ".join(b.name for b in BUILTINS.values() if b.engine == engine)
         verified = ", ".join(t.name for t in targets)
         lines.append(
-            f"SCHEDSPEC_{engine.upper()}_SCHEDULER_CLS={chosen} ignored: no implementation "
+            f"SCHEDSPEC_{engine.upper()}_SCHEDULER_CLS={chosen.strip() or repr(chosen)} ignored: "
+            "no implementation "
             f"verified ({verified}) runs {engine}; it applies to {engine}'s built-ins ({names})"
         )
     return "; ".join(lines) or None

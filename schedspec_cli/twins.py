@@ -133,7 +133,11 @@ def resolve_twin(name: str, family: Family) -> Twin:
 #: its stock release instead (pure-Python references of its policy).
 STOCK_TWINS = {
     "vllm": "--twin vllm-v1 (vllm-v1-prefix with prefix caching)",
-    "vidur": "--twin with the vidur-* reference of its scheduler (schedspec list-impls)",
+    "vidur": (
+        "--twin vidur-sarathi-released for a Sarathi class; the other kinds' twins "
+        "(vidur-vllm-released, vidur-orca, ...) decide as their release with its findings "
+        "fixed, so run those on an install patched by scripts/engine_fixes_diff.py vidur"
+    ),
 }
 
 

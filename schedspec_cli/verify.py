@@ -357,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
         if r.stopped.startswith(STOPPED_SHORT):
             print(f"\n{r.impl}: {r.stopped}")
         if args.twin is None and release is not None and release.get("scheduler_cls"):
-            print(f"\n{r.impl}: {own_class_note(release)}")
+            print(f"\n{r.impl}: {own_class_note(release, r.impl)}")
         ignored = bool(args.keep_going and r.failures)
         if r.accepted or ignored:
             print(f"\n{r.impl}: {cut_short_note(r, ignored)}")
@@ -368,11 +368,38 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
-def own_class_note(release: dict[str, Any]) -> str:
+#: Per Vidur built-in, its decision twin and what that twin decides as: only Sarathi's decides
+#: as the release as it ships; the others' as the release with its findings' fixes applied
+#: (`scripts/engine_fixes_diff.py vidur`), or idealised where a finding is declared (LightLLM).
+VIDUR_TWIN_OF = {
+    "real-vidur-sarathi": ("vidur-sarathi-released", True),
+    "real-vidur-vllm": ("vidur-vllm-released", False),
+    "real-vidur-orca": ("vidur-orca", False),
+    "real-vidur-ft": ("vidur-ft", False),
+    "real-vidur-lightllm": ("vidur-lightllm", False),
+    "real-vidur-mnemosyne": ("vidur-mnemosyne", False),
+}
+
+
+def own_class_note(release: dict[str, Any], impl: str = "") -> str:
     """Said of a run of the user's own scheduler class without `--twin`: the rules bound what
-    an engine may do, not what it decides where several choices are allowed."""
+    an engine may do, not what it decides where several choices are allowed; and which twin
+    compares the class's decisions with what (`VIDUR_TWIN_OF` for Vidur's built-ins)."""
     stock = STOCK_TWINS.get(str(release.get("name")))
     compare = f"; {stock} compares its decisions with the stock release's, step by step"
+    if impl in VIDUR_TWIN_OF:
+        twin, as_shipped = VIDUR_TWIN_OF[impl]
+        if twin == "vidur-mnemosyne" and release.get("version") == "0.0.25":
+            twin = "vidur-mnemosyne-one-queue"  # 0.0.25's Mnemosyne keeps one queue
+        compare = (
+            f"; --twin {twin} compares its decisions with the stock release's, step by step"
+            if as_shipped
+            else f"; --twin {twin} compares its decisions, step by step, with the release's "
+            "once its findings are fixed (scripts/engine_fixes_diff.py vidur), so run it on "
+            "an install with that patch applied (docs/engines/vidur.md, a patched install): "
+            "on the release as it ships a class that changes nothing differs from it at the "
+            "first finding"
+        )
     return (
         f"the rules check what {release['scheduler_cls']} must never do, not that it decides as "
         "the stock scheduler where the rules allow either (a class that never batches a second "

@@ -46,6 +46,10 @@ class LeaksOnFree(SarathiReplicaScheduler):
             self._num_allocated_blocks -= self._allocation_map.pop(request_id) - 1
 
 
+class PureVllm(VLLMReplicaScheduler):
+    pass
+
+
 class RecomputesForNothing(VLLMReplicaScheduler):
     """Restarts a running request whenever one is pending, blocks free or not, and forms no
     batch: vLLM v0's recompute is declared only for a decode short of a free block."""
@@ -133,6 +137,10 @@ def test_a_recompute_with_blocks_free_gets_no_waiver(
         ("builtins.dict", "a subclass of one of Vidur's replica schedulers"),
         ("my_vidur.Unchanged", "the built-ins it subclasses: real-vidur-sarathi"),
         ("no_such_module.X", "ModuleNotFoundError: No module named 'no_such_module'"),
+        # a module that exits while imported: before, exit 0 (or its status) and nothing said
+        ("exits_at_import.X", "(importing exits_at_import raised SystemExit: 0)"),
+        # blanks only: a name lost on its way; before, the engine's own class ran and passed
+        (" ", "or nothing (unset, or empty) for the engine's own scheduler"),
     ],
 )
 def test_a_bad_class_is_one_line_exit_2_before_any_run(
@@ -145,6 +153,8 @@ def test_a_bad_class_is_one_line_exit_2_before_any_run(
 ) -> None:
     """A Sarathi subclass under real-vidur-vllm is refused up front: run in the suite, every
     configuration would be refused and the run end as Hypothesis's `Unsatisfiable`."""
+    (user_module.parent / "exits_at_import.py").write_text("import sys\n\nsys.exit(0)\n")
+    monkeypatch.delitem(sys.modules, "exits_at_import", raising=False)
     monkeypatch.setenv(SCHEDULER_VARIABLE, value)
     code, out, err, _ = _verify(capsys, tmp_path, "real-vidur-vllm", n=5)
     assert code == 2 and not out, out
@@ -227,6 +237,17 @@ def test_a_missing_install_is_named_by_the_implementation_that_needs_it(
         assert "run `schedspec install-engines vidur`" in err, err
 
 
+def test_a_missing_release_chosen_by_its_variable_is_installed_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the command said `schedspec install-engines vidur`, which installs 0.0.25."""
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("SCHEDSPEC_VIDUR_VERSION", "0.0.26")
+    code, out, err, _ = _verify(capsys, tmp_path, "real-vidur-sarathi", n=5)
+    assert code == 2 and not out, out
+    assert "run `SCHEDSPEC_VIDUR_VERSION=0.0.26 schedspec install-engines vidur`" in err, err
+
+
 def test_another_vidur_on_the_path_is_named_as_not_the_one_checked(
     user_module: Path,
     tmp_path: Path,
@@ -295,4 +316,51 @@ def test_a_real_vidur_twin_is_refused_while_the_variable_names_a_class(
     assert err.count("\n") == 1, err
     assert f"invalid --twin={twin!r}: a twin that does not build your class" in err, err
     assert "or refuses it, when it is of another kind" in err, err
-    assert "vidur-* reference of its scheduler" in err and SCHEDULER_VARIABLE in err, err
+    assert "--twin vidur-sarathi-released for a Sarathi class" in err, err
+    assert SCHEDULER_VARIABLE in err, err
+
+
+@pytest.mark.parametrize("family", [[], ["--family", "ar"]])
+def test_a_replica_scheduler_class_as_impl_is_told_how_it_is_checked(
+    family: list[str], user_module: Path
+) -> None:
+    """Before, `--impl my_vidur:Unchanged` was refused as a factory whose family cannot be
+    told, and with `--family ar` built as one: exit 1, `implementation_error` blaming the
+    user's class. Now one line naming the variable and the built-in of its kind."""
+    res = _fresh(user_module.parent, "verify", "--impl", "my_vidur:Unchanged", *family)
+    assert res.returncode == 2 and not res.stdout, res.stdout[-2000:]
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert (
+        "a Vidur replica scheduler class is checked by naming it: "
+        "SCHEDSPEC_VIDUR_SCHEDULER_CLS=my_vidur.Unchanged schedspec verify --impl "
+        "real-vidur-sarathi"
+    ) in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("impl", "says"),
+    [
+        (
+            "real-vidur-sarathi",
+            "--twin vidur-sarathi-released compares its decisions with the stock release's",
+        ),
+        # before, every kind was told its twin decides as the stock release; vLLM's decides as
+        # the release without its needless restart, and a class changing nothing fails it
+        ("real-vidur-vllm", "--twin vidur-vllm-released compares its decisions, step by step, "),
+    ],
+)
+def test_a_run_of_ones_own_class_names_the_twin_of_its_kind_and_what_it_decides_as(
+    impl: str,
+    says: str,
+    user_module: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cls = "my_vidur.Unchanged" if impl.endswith("sarathi") else "my_vidur.PureVllm"
+    monkeypatch.setenv(SCHEDULER_VARIABLE, cls)
+    code, out, _, _ = _verify(capsys, tmp_path, impl, n=10)
+    assert code == 0, out[-3000:]
+    assert says in out, out[-1500:]
+    if impl == "real-vidur-vllm":
+        assert "scripts/engine_fixes_diff.py vidur" in out, out[-1500:]

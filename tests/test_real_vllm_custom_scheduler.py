@@ -10,6 +10,7 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from integrations.vllm import MANIFEST, make_real_vllm
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.custom_scheduler import SCHEDULER_VARIABLE
 from properties.conformance_base import NATIVE_NOTE
+from schedspec_cli.main import main
 from spec.ar.config import ArConfig
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
@@ -188,6 +190,10 @@ def test_a_broken_free_queue_is_a_finding(
         ("my_sched.Audited", "a subclass of vLLM's Scheduler"),
         ("no_such_module.Scheduler", "ModuleNotFoundError: No module named 'no_such_module'"),
         ("Scheduler", "'package.module.Class'"),
+        # a module that exits while imported: before, exit 0 (or its status) and nothing said
+        ("exits_at_import.X", "(importing exits_at_import raised SystemExit: 0)"),
+        # blanks only: a name lost on its way; before, the engine's own class ran and passed
+        (" ", "or nothing (unset, or empty) for the engine's own scheduler"),
     ],
 )
 def test_a_bad_class_is_one_line_exit_2(
@@ -198,6 +204,8 @@ def test_a_bad_class_is_one_line_exit_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    (user_module.parent / "exits_at_import.py").write_text("import sys\n\nsys.exit(0)\n")
+    monkeypatch.delitem(sys.modules, "exits_at_import", raising=False)
     monkeypatch.setenv(SCHEDULER_VARIABLE, value)
     code, out, err, _ = _verify(capsys, tmp_path, n=5)
     assert code == 2 and not out, out
@@ -338,3 +346,18 @@ def test_the_scripts_name_the_class_and_reproduce_with_it(
     assert out.startswith("scheduler_cls my_sched.FreesTwiceAsync"), out
     assert f"with {SCHEDULER_VARIABLE}=my_sched.FreesTwiceAsync set:" in out, out
     assert json.loads(shrunk_json.read_text())["scheduler_cls"] == "my_sched.FreesTwiceAsync"
+
+
+def test_a_scheduler_class_as_impl_is_told_how_it_is_checked(
+    user_module: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `--impl my_sched:Unchanged` was refused as a factory whose family cannot be
+    told (and with `--family ar` built as one, blaming the user's class)."""
+    for family in ([], ["--family", "ar"]):
+        assert main(["verify", "--impl", "my_sched:Unchanged", *family]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert (
+            "a vLLM scheduler class is checked by naming it: "
+            "SCHEDSPEC_VLLM_SCHEDULER_CLS=my_sched.Unchanged schedspec verify --impl real-vllm"
+        ) in err, err

@@ -39,3 +39,15 @@ def test_verify_says_it_on_stderr_and_still_runs(
     assert main(["verify", "--impl", "vllm-v1", "--examples", "3"]) == 0
     err = capsys.readouterr().err
     assert "SCHEDSPEC_VLLM_SCHEDULER_CLS=my_sched.Mine ignored: " in err, err
+
+
+def test_blanks_for_an_engine_no_target_runs_are_noted_not_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Blanks are refused only by a run that reads the variable (exit 2 there); elsewhere they
+    are noted as ignored, as any other value is."""
+    monkeypatch.setenv("SCHEDSPEC_VIDUR_SCHEDULER_CLS", "  ")
+    monkeypatch.delenv("SCHEDSPEC_VLLM_SCHEDULER_CLS", raising=False)
+    assert main(["verify", "--impl", "vllm-v1", "--examples", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "SCHEDSPEC_VIDUR_SCHEDULER_CLS='  ' ignored: " in err, err
