@@ -22,20 +22,34 @@ so prompts split over batches), blocks of 1, 2 or 4 tokens, and 2-10 requests of
 Prints a table (programs, passed, violations by rule, twin differences, seconds) and the first
 failure's message per scheduler and stage count, with the command that runs that program alone
 (`--seed N`); exit 0 when every program passes, 1 otherwise, 2 for bad arguments.
+
+With `SCHEDSPEC_VIDUR_SCHEDULER_CLS=pkg.module.Class` (`integrations.vidur.custom_scheduler`;
+a module in the current directory imports, as with `schedspec verify`) every replica is built
+as that class: `--kinds` must name only kinds it subclasses (a usage error, exit 2, names
+them), the header line and the JSON's `scheduler_cls` name it, and each rerun command printed
+starts with the variable (and `SCHEDSPEC_VIDUR_VERSION` when it selects another release).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
+import shlex
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 
+from integrations.vidur.custom_scheduler import (
+    SCHEDULER_VARIABLE,
+    check_selected,
+    scheduler_class_for,
+    selected_scheduler_cls,
+)
 from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
-from integrations.vidur.manifest import VIDUR_VERSION
+from integrations.vidur.manifest import DEFAULT_VERSION, VERSION_VARIABLE, VIDUR_VERSION
 from integrations.vidur.pipeline import (
     PIPELINE_KINDS,
     SEQUENCE_PARALLEL_KINDS,
@@ -45,11 +59,12 @@ from integrations.vidur.pipeline import (
     VidurPipeline,
 )
 from reference.ar.stages import StageScheduler
+from schedspec_cli.args import Parser, run_script
 from schedspec_cli.output import output_file, table, write_json
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArFinished, ArPreempted, ArScheduled
 from spec.ar.routing import ROUTINGS
-from spec.errors import SchedSpecError, SpecViolation
+from spec.errors import ConfigError, SchedSpecError, SpecViolation
 
 #: The project's stage scheduler runs each real class's decision twin (tests/test_real_vidur.py);
 #: Mnemosyne's depends on the release (0.0.25 keeps partial prefills in its request queue)
@@ -206,9 +221,49 @@ def check_one(
     return None
 
 
+def selector() -> str:
+    """What a printed command starts with to run on the release and replica scheduler class
+    this run checked: empty for the default release and Vidur's own classes, else the
+    variables that select them ("SCHEDSPEC_VIDUR_SCHEDULER_CLS=my_sched.Mine "), so the
+    command pasted in a fresh shell checks what the run checked."""
+    words = [] if VIDUR_VERSION == DEFAULT_VERSION else [f"{VERSION_VARIABLE}={VIDUR_VERSION}"]
+    chosen = selected_scheduler_cls()
+    if chosen is not None:
+        words.append(f"{SCHEDULER_VARIABLE}={shlex.quote(chosen)}")
+    return "".join(f"{word} " for word in words)
+
+
+def class_kinds(chosen: str) -> list[str]:
+    """The kinds (of those this release ships) whose replica scheduler the class `chosen`
+    (`SCHEDSPEC_VIDUR_SCHEDULER_CLS`) is or subclasses; a `ConfigError` naming the variable
+    when it does not import, is not a class or subclasses none (`check_selected`)."""
+    from integrations.vidur import engine
+
+    check_selected()
+    kinds = []
+    for kind, own in engine.load().schedulers.items():
+        try:
+            scheduler_class_for(kind, own)
+        except ConfigError:  # of another kind
+            continue
+        kinds.append(kind)
+    return kinds
+
+
+def _cwd_importable() -> None:
+    """The current directory on `sys.path`, as `schedspec verify` puts it
+    (`schedspec_cli.loader`): the user's module beside the command imports without
+    PYTHONPATH (run as a script, only scripts/ is on the path)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def rerun(args: argparse.Namespace, kind: str, stages: int, seed: int) -> str:
-    """The command that runs program `seed` of `kind` at `stages` stages alone."""
-    parts = ["scripts/vidur_pipeline_check.py", f"--kinds {kind}", f"--stages {stages}"]
+    """The command that runs program `seed` of `kind` at `stages` stages alone (after the
+    variables that select the release and class checked, `selector`)."""
+    parts = [f"{selector()}scripts/vidur_pipeline_check.py", f"--kinds {kind}"]
+    parts.append(f"--stages {stages}")
     if args.replicas > 1:
         parts.append(f"--replicas {args.replicas} --routing {args.routing}")
     if args.sequence_parallel:
@@ -225,8 +280,36 @@ def _csv(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
+def check_kinds(
+    parser: argparse.ArgumentParser,
+    chosen: str,
+    kinds: list[str],
+    run: list[str],
+    asked: bool,
+    allowed: Sequence[str],
+    with_it: str,
+) -> None:
+    """A usage error (exit 2, one line) when the kinds to `run` (`--kinds`, or every kind
+    when not `asked`) include one the class `chosen` does not subclass (it subclasses
+    `kinds`): it says which `--kinds` to pass, or that none of `allowed` runs it."""
+    wrong = [kind for kind in run if kind not in kinds]
+    if not wrong:
+        return
+    what = f"{SCHEDULER_VARIABLE}={chosen} is a {' and '.join(kinds)} replica scheduler"
+    runnable = [kind for kind in allowed if kind in kinds]
+    if not runnable:
+        parser.error(f"--kinds: {what}, and this script runs {','.join(allowed)}{with_it}")
+    given = (
+        f"not a {' or '.join(wrong)} one"
+        if asked
+        else f"and without --kinds every kind runs ({','.join(run)})"
+    )
+    parser.error(f"--kinds: {what}, {given}: pass --kinds {','.join(runnable)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/vidur_pipeline_check.py")
+    """Parse `argv` (a usage error: one line on stderr, exit 2) and run the check (`_run`)."""
+    parser = Parser(prog="scripts/vidur_pipeline_check.py")
     parser.add_argument("--kinds", type=_csv, default=None, help="default: every kind")
     parser.add_argument("--stages", type=_csv, default=["2", "4"])
     parser.add_argument("--replicas", type=int, default=1)
@@ -245,28 +328,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"Vidur's sequence pipeline parallelism ({','.join(SEQUENCE_PARALLEL_KINDS)})",
     )
     parser.add_argument("--json", type=output_file, default=None)
-    args = parser.parse_args(argv)
+    return run_script(parser, lambda args: _run(parser, args), argv)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The check `args` asks for: exit 0 when every program passes, 1 otherwise; a usage
+    error through `parser.error`."""
     try:
         stage_counts = [int(s) for s in args.stages]
     except ValueError:
         parser.error(f"--stages: comma-separated integers, not {','.join(args.stages)!r}")
+    if args.seed is not None and args.seed < 0:
+        parser.error(f"--seed: a program's number, >= 0 (as a failure names it), not {args.seed}")
     allowed = SEQUENCE_PARALLEL_KINDS if args.sequence_parallel else PIPELINE_KINDS
     if args.kv_parallel > 1:
         allowed = ("mnemosyne",)
+    asked = args.kinds is not None
     if args.kinds is None:
         args.kinds = list(allowed)
+    with_it = (
+        " with --kv-parallel"
+        if args.kv_parallel > 1
+        else " with --sequence-parallel"
+        if args.sequence_parallel
+        else ""
+    )
     unknown = sorted(set(args.kinds) - set(allowed))
     if unknown:
-        with_it = (
-            " with --kv-parallel"
-            if args.kv_parallel > 1
-            else " with --sequence-parallel"
-            if args.sequence_parallel
-            else ""
-        )
         parser.error(f"--kinds: {unknown} unknown{with_it}; choose from {','.join(allowed)}")
     if min(args.programs, args.replicas, args.kv_parallel, min(stage_counts, default=0)) < 1:
         parser.error("--programs, --replicas, --kv-parallel and --stages must be positive")
+    _cwd_importable()
+    try:
+        chosen = selected_scheduler_cls()
+        if chosen is not None:
+            check_kinds(parser, chosen, class_kinds(chosen), args.kinds, asked, allowed, with_it)
+    except SchedSpecError as err:  # the class does not import, or Vidur is not installed
+        parser.error(" ".join(str(err).split()))
     seeds = range(args.programs) if args.seed is None else [args.seed]
     rows: list[list[object]] = []
     figures: list[dict[str, object]] = []
@@ -333,14 +431,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parallel = ", sequence pipeline parallelism" if args.sequence_parallel else ""
     if args.kv_parallel > 1:
         parallel += f", {args.kv_parallel} KV-parallel groups"
-    print(f"Vidur {VIDUR_VERSION}, {label}{cluster}{parallel}")
+    own = f", scheduler_cls {chosen}" if chosen is not None else ""
+    print(f"Vidur {VIDUR_VERSION}, {label}{own}{cluster}{parallel}")
     print(table(["scheduler", "stages", "programs", "passed", "failed", "s"], rows))
     for message in messages:
         print(message)
     if args.json:
         write_json(
             args.json,
-            {"vidur": VIDUR_VERSION, "as_released": args.as_released, "runs": figures},
+            {
+                "vidur": VIDUR_VERSION,
+                "scheduler_cls": chosen,
+                "as_released": args.as_released,
+                "runs": figures,
+            },
         )
     return 1 if messages else 0
 

@@ -33,12 +33,15 @@ Stubs and private state the adapter touches, each with why:
   blocks and never names them, so the adapter names them: ids 0..n-1 (1..n with the null block
   reserved: Vidur has no null block, so it gets the usable blocks) from a FIFO free list. A
   removal inside `on_schedule` of a request whose `num_restarts` grew is a preemption (Vidur's
-  restart); anything else is a free;
+  restart); anything else is a free. A request given more blocks than the pool has free (a
+  subclass's `allocate` without Vidur's assertion) is a `kv_exclusive` violation;
 - `_allocation_map` (read), `get_pending_requests()` (Vidur's `_request_queue`, read and, for
   an abort, edited), `_preempted_requests` and, for FasterTransformer, `_preempted_batches`
   (edited only by an abort): Vidur has no abort, so the adapter removes the request from
   those queues (dropping a FasterTransformer batch the abort left with nothing to run, no
-  request or only completed ones, which Vidur itself never has) and calls the real `free`;
+  request or only completed ones, which Vidur itself never has) and calls the real `free`. A
+  subclass that keeps pending requests elsewhere (still listed by `get_pending_requests()`
+  once out of those queues) cannot be driven: the abort raises `CannotDrive`;
 - `Request._num_stage_processed_tokens` / `_is_prefill_stage_complete` (written): vidur
   0.0.25's `Request.restart()` resets the processed tokens but not these pipeline-stage
   counters (added in 0.0.2x for sequence pipeline parallelism; microsoft/vidur's main branch
@@ -83,10 +86,14 @@ from spec.ar.events import (
     ArStepEnd,
     ArSubmitted,
 )
+from spec.ar.rules import ArRule
 from spec.ar.snapshot import ArSnapshot
-from spec.errors import DuplicateRequest, UnknownRequest
+from spec.errors import CannotDrive, DuplicateRequest, SpecViolation, UnknownRequest
 
 BATCH_TIME = 1.0  # seconds per batch: Vidur's clock advances, nothing depends on the value
+#: Vidur's queues of pending requests the adapter edits for an abort: `_request_queue` (every
+#: scheduler) and Mnemosyne 0.0.26's `_partial_prefill_queue`.
+_PENDING_QUEUES: tuple[str, ...] = ("_request_queue", "_partial_prefill_queue")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,13 +204,16 @@ class VidurAdapter:
         requests' memory freed, with that of the earlier finishers its `_pending_free_map` entry
         carries), call the real `free` if it holds KV (`ArBlocksFreed`), then
         emit `ArAborted`. An unknown, finished or aborted id raises `UnknownRequest`, changing
-        nothing."""
+        nothing. A class that still lists the request as pending (`get_pending_requests()`)
+        once it is out of those queues keeps it where the adapter cannot reach: `CannotDrive`
+        (`_check_unqueued`), before any event."""
         tracked = self._by_rid.get(request_id)
         if tracked is None or tracked.finished or tracked.aborted:
             raise UnknownRequest(request_id, len(self._waiting()) + len(self._running()))
         vreq = tracked.vidur
         call = self.transcript.aborting(request_id, vreq.id)
         self._remove_pending(vreq)
+        self._check_unqueued(request_id, vreq)
         pending = getattr(self.scheduler, "_preempted_requests", [])
         if vreq in pending:
             pending.remove(vreq)
@@ -358,13 +368,30 @@ class VidurAdapter:
         """Take an aborted request out of Vidur's queues: `_request_queue` (requests, or
         (priority, request) pairs in the Mnemosyne schedulers) and Mnemosyne 0.0.26's
         `_partial_prefill_queue`."""
-        for name in ("_request_queue", "_partial_prefill_queue"):
+        for name in _PENDING_QUEUES:
             queue = getattr(self.scheduler, name, None)
             if queue is not None:
                 kept = [x for x in queue if _queued_request(x) is not vreq]
                 if len(kept) < len(queue):
                     self.transcript.op("unqueued", vreq.id, name)
                 queue[:] = kept
+
+    def _check_unqueued(self, request_id: str, vreq: Any) -> None:
+        """`CannotDrive` when the scheduler still lists `vreq` among its pending requests
+        (`get_pending_requests()`, where the snapshot reads the waiting ones) after
+        `_remove_pending`: its class keeps pending requests somewhere the adapter's abort does
+        not edit (a staging list of its own, say), so the aborted request would run on."""
+        if not any(r is vreq for r in self.scheduler.get_pending_requests()):
+            return
+        cls = type(self.scheduler)
+        queues = [q for q in _PENDING_QUEUES if getattr(self.scheduler, q, None) is not None]
+        raise CannotDrive(
+            f"{cls.__module__}.{cls.__qualname__} still lists {request_id!r} (Vidur request "
+            f"{vreq.id}) in get_pending_requests() after the adapter's abort removed it from "
+            f"{' and '.join(queues) or 'its queues'}, the only place the adapter can reach "
+            "(Vidur has no abort): keep pending requests in _request_queue, as Vidur's own "
+            "replica schedulers do, for the adapter to drive this class"
+        )
 
     # ------------------------------------------------------------------ KV diffing
     def _ledger(self) -> dict[int, int]:
@@ -381,18 +408,42 @@ class VidurAdapter:
         self._sync()
 
     def _sync(self) -> None:
-        """Mirror the ledger (`_ledger`) in the adapter's block names, emitting what changed."""
+        """Mirror the ledger (`_ledger`) in the adapter's block names, emitting what changed:
+        the blocks given back first, then those taken. A request given more blocks than the
+        adapter has free names for raises `SpecViolation` `kv_exclusive` (`_beyond_pool`), before
+        any of them is named: Vidur's own `allocate` asserts against it, a subclass's may not."""
         counts = self._ledger()
         for vid in [v for v in self._names if v not in counts]:
             self._release(vid, self._names[vid])
+        # shrinks before growths: what one request gave back may be what another took
+        for vid, count in counts.items():
+            held = self._names.get(vid, [])
+            if count < len(held):
+                self._release(vid, held[count:])
         for vid, count in counts.items():
             ids = self._names.setdefault(vid, [])
             if count > len(ids):
+                if count - len(ids) > len(self._free_ids):
+                    raise self._beyond_pool(vid, count - len(ids))
                 new = [self._free_ids.popleft() for _ in range(count - len(ids))]
                 ids.extend(new)
                 self.sink(ArBlocksAllocated(self._by_vid[vid].spec.request_id, tuple(new)))
-            elif count < len(ids):
-                self._release(vid, ids[count:])
+
+    def _beyond_pool(self, vid: int, wanted: int) -> SpecViolation:
+        """The `kv_exclusive` violation (allocated blocks are free and in the pool: the rule
+        the spec raises for a block outside it) of Vidur request `vid` given `wanted` more
+        blocks than the pool has free."""
+        rid = self._by_vid[vid].spec.request_id
+        mnemosyne = hasattr(self.scheduler, "_req_block_counter")
+        ledger = "_req_block_counter" if mnemosyne else "_allocation_map"
+        return SpecViolation(
+            ArRule.KV_EXCLUSIVE,
+            f"{rid!r} (Vidur request {vid}) was given {wanted} more "
+            f"block{'s' if wanted != 1 else ''} with only {len(self._free_ids)} free of a pool "
+            f"of {self._config.usable_blocks} (its {ledger} entry went "
+            f"from {len(self._names.get(vid, []))} to {self._ledger()[vid]}): an allocation "
+            "takes free blocks of the pool (Vidur's own allocate asserts the pool holds them)",
+        )
 
     def _release(self, vid: int, ids: list[int]) -> None:
         tracked = self._by_vid[vid]
