@@ -7,6 +7,7 @@ line on stderr and exit status 2 (the usage message is for `--help`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -19,6 +20,23 @@ MAX_EXAMPLES = 1_000_000
 MAX_COUNT = 1_000_000
 MAX_CALL_TIMEOUT_S = 86_400  # a day: any longer is a typo
 MAX_SEED = 2**64 - 1  # Hypothesis takes any integer; 64 bits is what a CI passes
+
+
+# 128 + SIGPIPE: what a shell reports for a writer whose reader went away (`git log | head`)
+EXIT_READER_GONE = 141
+
+
+def reader_gone() -> int:
+    """stdout's reader closed the pipe (`schedspec ... | head`): nobody is left to read a
+    message, so exit quietly with the shell's SIGPIPE status. stdout is pointed at the null
+    device first, or the interpreter's flush at exit fails once more and prints a warning."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in a test)
+        pass
+    return EXIT_READER_GONE
 
 
 class UsageError(Exception):
@@ -43,12 +61,15 @@ def run_script(
     argv: Sequence[str] | None,
 ) -> int:
     """A script's `main`: `run` on `parser`'s parse of `argv`; a usage error (`UsageError`, from
-    a `Parser`) is one line on stderr and `SystemExit(2)`, as argparse's own."""
+    a `Parser`) is one line on stderr and `SystemExit(2)`, as argparse's own; stdout's reader
+    gone (`script | head`) is a quiet `EXIT_READER_GONE`, as for `schedspec`."""
     try:
         return run(parser.parse_args(argv))
     except UsageError as err:
         print(" ".join(str(err).split()), file=sys.stderr)
         raise SystemExit(2) from None
+    except BrokenPipeError:
+        return reader_gone()
 
 
 class Parser(argparse.ArgumentParser):

@@ -207,11 +207,14 @@ def load_object(target: str, flag: str = "impl") -> object:
 
 
 def module_available(module_name: str) -> bool:
-    """Whether `module_name` can be imported here (without importing it)."""
+    """Whether `module_name` can be imported here (without importing it). A namespace package
+    (a folder without `__init__.py`, as Ray's session folder /tmp/ray is, found on the path from
+    the current directory) is no installed package: not available."""
     try:
-        return importlib.util.find_spec(module_name) is not None
+        spec = importlib.util.find_spec(module_name)
     except (ImportError, ValueError):
         return False
+    return spec is not None and spec.origin not in (None, "namespace")
 
 
 __all__ = ["MissingDependency", "load_object", "module_available", "split_target"]

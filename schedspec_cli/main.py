@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from properties.deadline import call_timeout_named
 from properties.profiles import PROFILE_ENV, draw_no_mined_constants
 from schedspec_cli import check_trace, list_impls, prove, verify, version
-from schedspec_cli.args import Parser, UsageError
+from schedspec_cli.args import EXIT_READER_GONE, Parser, UsageError, reader_gone
 from schedspec_cli.impls import NotAnAdapter
 from schedspec_cli.loader import load_object, module_available
 from spec.errors import ConfigError, SchedSpecError, SpecViolation
@@ -206,29 +206,13 @@ def build_parser() -> Parser:
 
     sub.add_parser("bench", help="benchmarks: engine | conformance (each takes --help)")
     for name, text in PASS_THROUGH.items():
-        sub.add_parser(name, help=text + " (takes --help)")
+        said = text if text.endswith("takes --help)") else text + " (takes --help)"
+        sub.add_parser(name, help=said)
     return p
 
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
-
-
-# 128 + SIGPIPE: what a shell reports for a writer whose reader went away (`git log | head`)
-EXIT_READER_GONE = 141
-
-
-def _reader_gone() -> int:
-    """stdout's reader closed the pipe (`schedspec ... | head`): nobody is left to read a
-    message, so exit quietly with the shell's SIGPIPE status. stdout is pointed at the null
-    device first, or the interpreter's flush at exit fails once more and prints a warning."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError):  # stdout without a file descriptor (captured in a test)
-        pass
-    return EXIT_READER_GONE
 
 
 def escape_unprintable_output() -> None:
@@ -297,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"schedspec: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        return _reader_gone()
+        return reader_gone()
     except OSError as err:  # a path the checks could not foresee (disk full, permissions)
         where = f" {err.filename}:" if err.filename else ""
         print(f"schedspec: error:{where} {_one_line(err.strerror or str(err))}", file=sys.stderr)

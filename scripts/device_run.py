@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The checkout itself, not an installed copy: a lent machine may have no `.venv` (see above).
 sys.path.insert(0, str(ROOT))
+from schedspec_cli.loader import MissingDependency, module_available  # noqa: E402
 from schedspec_cli.output import output_dir  # noqa: E402
 from spec.errors import ConfigError  # noqa: E402
 
@@ -193,7 +194,15 @@ def run_steps(
 
 def _usable_device(device: str) -> str:
     """The device as the steps are given it, checked by the engine's own `resolve_device`
-    (raises its `DeviceUnavailable`); imported here, so a dry run needs no torch."""
+    (raises its `DeviceUnavailable`); imported here, so a dry run needs no torch. A Python
+    without torch (a system `python3`) is a `MissingDependency`: the steps need the engine."""
+    if not module_available("torch"):
+        raise MissingDependency(
+            f"the device checks ({sys.executable})",
+            "torch",
+            "run them with the project's environment, .venv/bin/python scripts/device_run.py, "
+            "or pip install torch==2.13.0 here",
+        )
     from gpu.engine import resolve_device
 
     return str(resolve_device(device))
@@ -253,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         device = _usable_device(args.device)
+    except MissingDependency as err:
+        print(f"device_run: {err}", file=sys.stderr)
+        return 2
     except ConfigError as err:
         print(f"--device: {err}", file=sys.stderr)
         return 2

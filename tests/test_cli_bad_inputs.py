@@ -768,3 +768,33 @@ def test_prove_without_the_z3_solver_says_what_to_install() -> None:
         "schedspec: error: prove needs the Z3 solver, which is not installed here: pip install "
         "z3-solver"
     ]
+
+
+def test_a_scripts_closed_stdout_ends_it_quietly() -> None:
+    """The scripts' `run_script` does as `schedspec` does: before, `scripts/engine_fixes_diff.py
+    --list | head -1` printed a BrokenPipeError traceback (2 of 3 tries)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "engine_fixes_diff.py"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run(
+            [sys.executable, str(script), "--list"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_READER_GONE, err
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_the_top_level_help_says_each_thing_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, `simulate` read `... (each takes --help) (takes --help)`."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "takes --help) (takes --help)" not in text, text
+    assert "dllm | sbs | replicas | sweep (each takes --help)" in text, text

@@ -140,3 +140,17 @@ def test_cuda_where_there_is_none_ends_in_one_line_and_exit_2(
         pytest.skip("this machine has CUDA")
     assert device_run.main(["--out", str(tmp_path / "run")]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_a_python_without_torch_ends_in_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `python3 scripts/device_run.py` under a system Python without torch was a
+    traceback (`ModuleNotFoundError: No module named 'torch'`), exit 1."""
+    monkeypatch.setattr(device_run, "module_available", lambda name: name != "torch")
+    assert device_run.main(["--device", "cpu", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "needs torch, which is not installed here" in err
+    assert ".venv/bin/python scripts/device_run.py" in err
+    assert not (tmp_path / "run").exists()

@@ -164,6 +164,37 @@ def test_without_ray_the_command_says_how_to_install_it(monkeypatch: pytest.Monk
         sw.run_grid(points, "ray")
 
 
+def test_a_ray_folder_on_the_path_is_no_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Ray installed, run from a directory holding a `ray/` folder (Ray's session
+    folder /tmp/ray, say), `import ray` found the folder as a namespace package and the sweep
+    ended in `AttributeError: module 'ray' has no attribute 'is_initialized'`."""
+    (tmp_path / "ray").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    real = builtins.__import__
+
+    def only_the_folder(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "ray":  # as where Ray is not installed: the folder is all there is
+            namespace = types.ModuleType("ray")
+            namespace.__path__ = [str(tmp_path / "ray")]
+            return namespace
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", only_the_folder)
+    points = sw.grid([2.0], ["simple"], [1], [2048], **SMALL)
+    with pytest.raises(sw.RayMissing, match=r"pip install 'schedspec\[sweep\]'"):
+        sw.run_grid(points, "ray")
+    monkeypatch.setattr(builtins, "__import__", real)
+    from schedspec_cli.loader import module_available
+
+    # a namespace package is no installed package (the folder is found, Ray's is not here)
+    (tmp_path / "not_installed_pkg").mkdir()
+    assert not module_available("not_installed_pkg")
+    assert module_available("json")
+
+
 def _closed_port() -> int:
     """A local TCP port nothing listens on (bound, then released)."""
     with socket.socket() as s:

@@ -69,6 +69,10 @@ class IsolatedModel:
         return self._model[decl]
 
 
+#: What z3 says of a check it stopped for SIGINT (it handles the signal itself during a check).
+INTERRUPTED = frozenset({"interrupted from keyboard", "canceled"})
+
+
 class IsolatedSolver:
     """A solver that solves each query in a z3 context of its own, built from the query's
     SMT-LIB text.
@@ -98,7 +102,12 @@ class IsolatedSolver:
         self._solver.set("random_seed", 0)
         self._solver.set("arith.solver", 2)
         self._solver.from_string(_canonical_text(self._staged.assertions()))
-        return self._solver.check(*[a.translate(self._ctx) for a in assumptions])
+        answer = self._solver.check(*[a.translate(self._ctx) for a in assumptions])
+        if answer == z3.unknown and self.reason_unknown() in INTERRUPTED:
+            # z3 catches SIGINT during a check and answers unknown: it is the user's Ctrl-C,
+            # to end the run (exit 130), not a query counted as not proved
+            raise KeyboardInterrupt
+        return answer
 
     def reason_unknown(self) -> str:
         """Why the last check answered unknown."""

@@ -258,6 +258,8 @@ def _run_ray(
         import ray
     except ImportError:
         raise RayMissing() from None
+    if getattr(ray, "__file__", None) is None and hasattr(ray, "__path__"):
+        raise RayMissing()  # a namespace package: a `ray/` folder on the path (/tmp/ray)
     started = False
     if not ray.is_initialized():
         if address:
