@@ -747,6 +747,22 @@ class SpecMachine(MachineBase[Event, Rule]):
                     e,
                 )
         else:
+            page = slots[0] // p
+            others = sorted(
+                {
+                    owner[0]
+                    for s in range(page * p, page * p + p)
+                    if (owner := self._owner.get(s)) is not None and owner[0] != r.request_id
+                }
+            )
+            if others:  # with the cache, a page can be continued after another left part of it
+                raise self._fail(
+                    Rule.PAGE_ALIGNMENT,
+                    f"block {e.block_index} continues page {page}, where {', '.join(others)} "
+                    f"still own{'s' if len(others) == 1 else ''} slots: a page holds the blocks "
+                    "of one request",
+                    e,
+                )
             prev = self._owner.get(slots[0] - 1)
             read = r.reads.get(e.block_index - 1)
             if read is not None and slots[0] - 1 in read.slots:

@@ -94,7 +94,8 @@ _RULES: dict[Rule, str] = {
     "uncommitted block, before the round's first forward.",
     Rule.PAGE_ALIGNMENT: "A block's slots are contiguous inside one page at the offset of its "
     "position; a block that starts a page takes a wholly free page, any other block continues "
-    "the page of the request's previous block (pages are never shared between requests).",
+    "the page of the request's previous block, in which no other request owns a slot (pages "
+    "are never shared between requests).",
     Rule.FREE_OWNED_ONLY: "Only slots owned by the request are freed, each once (no double free); "
     "a request releases only a cached block it reads, as the block it reads it for.",
     Rule.COMMITTED_PREFIX_KEPT: "An active request keeps the KV of every committed block (it is "

@@ -55,7 +55,8 @@ from tests import test_z3_drift as drift
 # 10 s of a worker's time that a second worker would spend again
 pytestmark = pytest.mark.xdist_group("z3-drift-cache")
 
-CACHE_GEOMETRIES = ((1, 1, 8), (2, 2, 4), (3, 3, 3), (1, 2, 4), (2, 4, 2))  # (B, P, pages)
+# (B, P, pages)
+CACHE_GEOMETRIES = ((1, 1, 8), (2, 2, 4), (3, 3, 3), (1, 2, 4), (2, 4, 2), (1, 3, 3))
 KEEP = {drift.EOS, drift.STOP_TOKEN, *drift.STOP_IDS}  # tokens that end requests
 SMALL = DllmConfig(  # one-slot blocks and pages, 8 of them, two requests at a time
     block_size=1,

@@ -329,6 +329,7 @@ _POOL_AND_POLICY_MUTANTS: tuple[SymbolicMutant, ...] = (
         (
             Relaxation("kv_allocated", "page_alignment", "aligned"),
             Relaxation("kv_allocated", "page_alignment", "continues"),
+            Relaxation("kv_allocated", "page_alignment", "one_request"),
         ),
         ("page_alignment", ""),
         extra=_first_fit,

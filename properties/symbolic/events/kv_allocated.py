@@ -31,6 +31,7 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
     page_alignment/aligned    a mod P = offset(k) ∧ (offset(k) = 0 ⇒ [a, a+P) is free)
     page_alignment/continues  offset(k) != 0 ⇒ a >= 1 ∧ slot a-1 is owned by (r, k-1), or is
                               in the cached block r reads as its block k-1
+    page_alignment/one_request offset(k) != 0 ⇒ every owned slot of a's page is owned by r
     whole_block_alloc/holds   a current block holds no slots (block_start[r] = -1)
     reuse_keeps_slots         a current block ⇒ ¬reuse
     lifecycle                 a current block, or the request table has `kv_allocated`"""
@@ -80,6 +81,26 @@ def guards(enc: Encoding, s: State, p: Params) -> list[Guard]:
                 ),
             ),
             "continues",
+        ),
+        Guard(
+            "page_alignment",
+            for_request(
+                enc,
+                p,
+                lambda i: z3.Implies(
+                    off != 0,
+                    z3.And(
+                        [
+                            z3.Implies(
+                                z3.And(a - off <= t, t < a - off + enc.P, s.owner_request[t] != -1),
+                                s.owner_request[t] == i,
+                            )
+                            for t in range(enc.S)
+                        ]
+                    ),
+                ),
+            ),
+            "one_request",
         ),
         Guard(
             "whole_block_alloc",
