@@ -34,7 +34,7 @@ import torch
 
 from gpu.algorithms import DllmAlgorithm, JointThreshold, LowConfidence
 from gpu.model import BlockDiffusionLM
-from gpu.near_tie import NearTie, first_near_tie, flipped
+from gpu.near_tie import NearTie, flipped, near_ties
 from gpu.token_map import TokenMap
 from gpu.tokenizer import EOS_ID, MASK_ID
 from spec.config import DllmConfig, RequestSpec, validate_request
@@ -140,7 +140,7 @@ def golden_decode(
                     logits = moved[None]
                 if find_ties and not ties and here > look_after:
                     tie = _near_tie(algorithm, logits[0], rows[0].cpu(), generated_at)
-                    if tie is not None:
+                    if tie is not None:  # the first the noise can flip
                         first = max(0, index * size - len(prompt))  # its first output token
                         where = f"block {index}, forward {calls[0]}: {tie.describe()}"
                         ties.append((GoldenTie(first, where), TieAt(index, calls[0], tie)))
@@ -168,14 +168,19 @@ def _threshold(algorithm: DllmAlgorithm) -> float:
 def _near_tie(
     algorithm: DllmAlgorithm, logits: torch.Tensor, rows: torch.Tensor, generated_at: torch.Tensor
 ) -> NearTie | None:
-    """The near-tie of one forward's decision (`gpu.near_tie`), or None; only for the
+    """The first near-tie of one forward's decision (`gpu.near_tie.near_ties`) that a move
+    within the noise flips (`flipped`: one it cannot flip is no tie), or None; only for the
     algorithms whose decisions it knows (LowConfidence, JointThreshold)."""
     if not isinstance(algorithm, LowConfidence | JointThreshold):
         return None
     masked = rows == MASK_ID
     edits = isinstance(algorithm, JointThreshold) and not bool(masked.any())
     editable = generated_at & ~masked if edits else torch.zeros_like(masked)
-    return first_near_tie(logits.cpu(), masked, editable, algorithm.threshold)
+    on_host = logits.cpu()
+    for tie in near_ties(on_host, masked, editable, algorithm.threshold):
+        if flipped(on_host, tie, algorithm.threshold) is not None:
+            return tie
+    return None
 
 
 # Golden decodings per model, keyed by what they depend on (shrinking and the conformance

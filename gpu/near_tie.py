@@ -69,57 +69,96 @@ def first_near_tie(
     editable: torch.Tensor,
     threshold: float,
 ) -> NearTie | None:
-    """The first near-tie of one forward's decision, or None.
+    """The first of `near_ties`, or None."""
+    found = near_ties(logits, masked, editable, threshold)
+    return found[0] if found else None
+
+
+def near_ties(
+    logits: torch.Tensor,
+    masked: torch.Tensor,
+    editable: torch.Tensor,
+    threshold: float,
+) -> list[NearTie]:
+    """Every near-tie of one forward's decision that can change what the step does: argmax
+    ties (by position), then threshold ties, then the fallback's.
 
     logits [B, V] as the step sees them (the mask token's logit -inf); masked [B]: positions
     still masked (mask-to-token decides them); editable [B]: other positions whose token the
-    step may replace by its argmax (JointThreshold's edits); threshold: the commit threshold."""
+    step may replace by its argmax (JointThreshold's edits); threshold: the commit threshold.
+
+    The noise bound b (`tolerance`) holds per logit. Two logits then move 2b apart at most; a
+    confidence p (the argmax's probability) moves its log by at most 2b(1 - p) (its logit up by
+    b, every other down by b), so p itself by about 2b·p(1 - p). A masked position's argmax
+    matters only where the step commits it; a threshold tie only where the commit can change
+    (the most confident position is committed either way when no other clears the threshold)."""
     z = logits.float()
     bound = tolerance(z)
     top = torch.topk(z, 2, dim=-1)
     gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
     probs = torch.softmax(z, dim=-1).max(dim=-1).values.tolist()
     masked_at = [i for i, m in enumerate(masked.tolist()) if m]
-    for i, (m, e) in enumerate(zip(masked.tolist(), editable.tolist(), strict=True)):
-        if (m or e) and gaps[i] <= 2 * bound:
+    committed = _committed(probs, masked_at, threshold)
+    found: list[NearTie] = []
+    for i, e in enumerate(editable.tolist()):
+        if (i in committed or e) and gaps[i] <= 2 * bound:
             ids = top.indices[i].tolist()
-            return NearTie(i, "argmax", gaps[i], 2 * bound, (int(ids[0]), int(ids[1])))
+            found.append(NearTie(i, "argmax", gaps[i], 2 * bound, (int(ids[0]), int(ids[1]))))
     for i in masked_at:
-        # a logit moved by the noise moves log p by at most twice the noise; the most
-        # confident position is committed either way when no other clears the threshold
         decides = any(probs[j] > threshold for j in masked_at if j != i) or probs[i] < max(
             probs[j] for j in masked_at
         )
-        if decides and abs(probs[i] - threshold) <= 2 * bound * probs[i]:
-            return NearTie(i, "threshold", abs(probs[i] - threshold), 2 * bound * probs[i])
+        noise = _confidence_noise(probs[i], bound)
+        if decides and abs(probs[i] - threshold) <= noise:
+            found.append(NearTie(i, "threshold", abs(probs[i] - threshold), noise))
     below = sorted((i for i in masked_at if probs[i] <= threshold), key=lambda i: -probs[i])
     if len(below) == len(masked_at) and len(below) >= 2:
         a, b = below[0], below[1]
-        gap, noise = probs[a] - probs[b], 2 * bound * (probs[a] + probs[b])
+        gap = probs[a] - probs[b]
+        noise = _confidence_noise(probs[a], bound) + _confidence_noise(probs[b], bound)
         if gap <= noise:
-            return NearTie(min(a, b), "fallback", gap, noise, other=max(a, b))
-    return None
+            found.append(NearTie(min(a, b), "fallback", gap, noise, other=max(a, b)))
+    return found
 
 
-#: How far `flipped` may move one logit, in multiples of the noise bound (`tolerance`): a
-#: near-tie lies within twice the bound, and moving past it takes a little more.
-MOST_MOVE = 4.0
+def _confidence_noise(p: float, bound: float) -> float:
+    """How far noise of `bound` per logit can move a confidence `p` (see `near_ties`)."""
+    return 2 * bound * p * (1 - p)
+
+
+def _committed(probs: list[float], masked_at: list[int], threshold: float) -> set[int]:
+    """The masked positions mask-to-token commits, as `gpu.algorithms.mask_transfers` does:
+    those above the threshold, else the most confident (first on ties)."""
+    above = {i for i in masked_at if probs[i] > threshold}
+    if above or not masked_at:
+        return above
+    return {max(masked_at, key=lambda i: (probs[i], -i))}
+
+
+#: How far `flipped` may move one logit, in multiples of the noise bound (`tolerance`), by
+#: the kind of tie: what noise within the bound can do to that decision (`near_ties`): two
+#: logits 2b apart, a confidence's log 2b(1 - p) (one logit moved 2b does that), two
+#: confidences each that far (one logit moved 4b at most does that).
+MOST_MOVE_OF = {"argmax": 2.0, "threshold": 2.0, "fallback": 4.0}
+MOST_MOVE = max(MOST_MOVE_OF.values())
 
 
 def flipped(logits: torch.Tensor, tie: NearTie, threshold: float) -> torch.Tensor | None:
     """`logits` [B, V] as float32, with one logit at `tie.position` moved so that the decision
     `tie` names comes out the other way: the other of the two tokens wins the argmax, the
     confidence lands on the other side of `threshold`, or the other masked position becomes the
-    most confident. The move is at most `MOST_MOVE` noise bounds (`tolerance`), so the result is
-    logits the serving path may compute as well; None when no such move flips the decision."""
+    most confident. The move is at most `MOST_MOVE_OF[tie.kind]` noise bounds (`tolerance`; an
+    argmax's, the gap and one ulp), what noise within the bound can do to that decision, so
+    the decision comes out as the serving path may take it; None when no such move flips it
+    (then it is no tie)."""
     z = logits.float().clone()
-    most = MOST_MOVE * tolerance(z)
+    most = MOST_MOVE_OF[tie.kind] * tolerance(z)
     if tie.kind == "argmax" and tie.tokens is not None:
         row = z[tie.position]
         winner = int(torch.argmax(row))
         loser = tie.tokens[1] if winner == tie.tokens[0] else tie.tokens[0]
         lifted = torch.nextafter(row[winner], torch.tensor(float("inf")))
-        if float(lifted - row[loser]) > most:
+        if float(lifted - row[loser]) > most + float(lifted - row[winner]):  # the gap, one ulp
             return None
         row[loser] = lifted
         return z if int(torch.argmax(row)) == loser else None

@@ -27,7 +27,7 @@ def selected_class(variable: str) -> str | None:
             variable,
             raw,
             "a class named 'package.module.Class', or nothing (unset, or empty) for the "
-            "engine's own scheduler",
+            f"engine's own scheduler; it holds {len(raw)} blank character(s) only",
         )
     return value or None
 

@@ -121,7 +121,13 @@ def conformance_machine(
         @initialize(config=config_strategy)
         def configure(self, config: DllmConfig) -> None:
             self.build(
-                lambda: Harness(factory, config, profile=profile, check_golden=golden),
+                lambda: Harness(
+                    factory,
+                    config,
+                    profile=profile,
+                    check_golden=golden,
+                    on_golden_tie=step_counter.golden_tie,
+                ),
                 f"configure(config={config!r})",
             )
 

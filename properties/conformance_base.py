@@ -82,6 +82,15 @@ class StepCounter:
         self.steps: int = 0
         self.examples: int = 0
         self.on_example: Callable[[int, int], None] | None = None
+        # golden mismatches agreed past float ties (`spec.golden.explained_by_ties`), the first
+        self.golden_ties: int = 0
+        self.first_golden_tie: str = ""
+
+    def golden_tie(self, said: str) -> None:
+        """Count a golden mismatch the adapter's branch past float ties explained; keep the
+        first's account (`Harness.on_golden_tie`)."""
+        self.golden_ties += 1
+        self.first_golden_tie = self.first_golden_tie or said
 
 
 class _StableOrderTestCase:

@@ -41,6 +41,7 @@ from spec.golden import (
     golden_mismatch,
     golden_tie_note,
     sampled_stop_mismatch,
+    tie_agreement_note,
 )
 from spec.lifecycles import RequestPhase
 from spec.machine import SpecMachine, finished_output, stop_output_lengths
@@ -92,6 +93,8 @@ class Harness(ReplayHarness[SpecMachine]):
     profile: DllmProfile = _DEFAULT_PROFILE
     check_golden: bool = True  # off: skip `golden_output` even when the adapter has it
     ops: list[Op] = field(default_factory=list)  # every operation asked for, in order
+    # told of each golden mismatch agreed past float ties, in one line (verify counts them)
+    on_golden_tie: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.profile.space.check(self.config)
@@ -242,12 +245,14 @@ class Harness(ReplayHarness[SpecMachine]):
             if event.reason is FinishReason.STOP and r.stop_sampled:  # cut somewhere in its block
                 lengths = stop_output_lengths(self.config, r)
                 problem = sampled_stop_mismatch(request, actual, lengths, golden)
+                followed = False  # its cut is the engine's: no tie is followed past it
             else:
                 problem = golden_mismatch(request, actual, golden)
-                if problem is not None and self._past_ties(request, actual):
+                followed = problem is not None
+                if followed and self._past_ties(request, actual):
                     problem = None  # a correct decoding: a near-tie broken the other way
             if problem is not None:
-                problem += golden_tie_note(self.golden, request, actual, golden)
+                problem += golden_tie_note(self.golden, request, actual, golden, followed)
                 problem += batch_numerics_note(self.impl, self.config)
                 raise self._violate(
                     "golden_output",
@@ -260,9 +265,12 @@ class Harness(ReplayHarness[SpecMachine]):
         """`actual` is the output of the golden decoding with near-ties taken the other way
         (`spec.golden.explained_by_ties`; an ill-formed answer breaks `golden_output`)."""
         try:
-            return explained_by_ties(self.golden, request, actual) is not None
+            branch = explained_by_ties(self.golden, request, actual)
         except SpecViolation as wrong:
             raise self._violate("golden_output", wrong.detail) from None
+        if branch is not None and self.on_golden_tie is not None:
+            self.on_golden_tie(f"{request.request_id!r} {tie_agreement_note(branch)}")
+        return branch is not None
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         """The spec's output of every finished request, by id (`SpecMachine.outputs`)."""

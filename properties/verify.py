@@ -78,6 +78,9 @@ class VerifyResult:
     stopped: str = ""
     twin: str = ""  # the decision twin every example was checked against ("" for none)
     seed: int | None = None  # the seed the programs were drawn from (None: derandomized)
+    # golden mismatches agreed once float ties were taken the other way, and the first's account
+    golden_ties: int = 0
+    first_golden_tie: str = ""
 
     @property
     def passed(self) -> bool:
@@ -106,6 +109,8 @@ class VerifyResult:
             "stopped": self.stopped,
             "twin": self.twin,
             "seed": self.seed,
+            "golden_ties": self.golden_ties,
+            "first_golden_tie": self.first_golden_tie,
         }
 
 
@@ -284,6 +289,7 @@ def verify_impl(
     start = time.perf_counter()
     err, printed = run_machine(machine, verify_settings(examples))
     result = VerifyResult(name, counter.examples, counter.steps, time.perf_counter() - start)
+    result.golden_ties, result.first_golden_tie = counter.golden_ties, counter.first_golden_tie
     if err is not None:
         result.failures.append(failure_from(err, printed))
     return result
@@ -396,6 +402,8 @@ def verify_implementation(
         stopped=campaign.stopped,
         twin=twin.name if twin is not None else "",
         seed=seed,
+        golden_ties=counter.golden_ties,
+        first_golden_tie=counter.first_golden_tie,
     )
     return result
 

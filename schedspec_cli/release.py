@@ -194,12 +194,14 @@ def _check_case(case: object, where: str, impl: str) -> None:
     _field(case, "golden", (bool, type(None)), where, "true, false or null (not checked)")
     if "golden_ties" in case:  # reports before 2026-12-06 have none
         ties = _field(case, "golden_ties", int, where, "a count of ties (0 or more)")
-        if ties < 0 or (ties and case["golden"] is not True):
+        detail = case.get("golden_detail")
+        said = isinstance(detail, str) and "taken the other way" in detail
+        if ties < 0 or (ties and (case["golden"] is not True or not said)):
             raise ConfigError(
                 f"{where}.golden_ties",
                 ties,
                 "0, or the ties a case that agrees with golden took the other way (its golden "
-                "is true)",
+                "is true and its golden_detail names them)",
             )
 
 

@@ -358,6 +358,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"\n{r.impl}: {r.stopped}")
         if args.twin is None and release is not None and release.get("scheduler_cls"):
             print(f"\n{r.impl}: {own_class_note(release, r.impl)}")
+        if r.golden_ties:
+            print(f"\n{r.impl}: {golden_ties_note(r)}")
         ignored = bool(args.keep_going and r.failures)
         if r.accepted or ignored:
             print(f"\n{r.impl}: {cut_short_note(r, ignored)}")
@@ -404,6 +406,17 @@ def own_class_note(release: dict[str, Any], impl: str = "") -> str:
         f"the rules check what {release['scheduler_cls']} must never do, not that it decides as "
         "the stock scheduler where the rules allow either (a class that never batches a second "
         f"request passes them){compare if stock else ''}"
+    )
+
+
+def golden_ties_note(result: VerifyResult) -> str:
+    """Said of a run whose golden mismatches the adapter explained as float ties taken the
+    other way (`spec.golden.DecodesPastGoldenTies`): they passed, so how many, and the first."""
+    n = result.golden_ties
+    return (
+        f"{n} golden mismatch{'' if n == 1 else 'es'} agreed once float ties were taken the "
+        f"other way, as the adapter's golden_output_past_ties explained (the first: "
+        f"{result.first_golden_tie})"
     )
 
 

@@ -173,7 +173,9 @@ def compare_variants(
                     agrees, detail, ties = True, tie_agreement_note(branch), len(branch.ties)
                 else:
                     if detail:
-                        detail += golden_tie_note(ref.adapter, request, want, golden[rid])
+                        detail += golden_tie_note(
+                            ref.adapter, request, want, golden[rid], followed=True
+                        )
                     agrees = not detail
         verdicts.append(
             CaseVerdict(request, want, want is not None and not bad, bad, agrees, detail, ties)

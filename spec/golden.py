@@ -124,16 +124,29 @@ def first_difference(actual: FinishedOutput, golden: FinishedOutput) -> int:
 
 
 def golden_tie_note(
-    adapter: object, request: RequestSpec, actual: FinishedOutput, golden: FinishedOutput
+    adapter: object,
+    request: RequestSpec,
+    actual: FinishedOutput,
+    golden: FinishedOutput,
+    followed: bool = False,
 ) -> str:
     """What to add to the report of `actual` differing from `golden`: '' unless `adapter`
     reports golden ties and the golden decoding took one that can change a token at or before
-    the first difference; then '; ' and where, read as a possible cause."""
+    the first difference; then '; ' and where, read as a possible cause. `followed`: the
+    adapter's branches past its ties were tried (`explained_by_ties`) and none gives `actual`,
+    so the tie is named as ruled out, not as a likely cause."""
     if not isinstance(adapter, ReportsGoldenTies):
         return ""
     tie = adapter.golden_near_tie(request)
     if tie is None or tie.token > first_difference(actual, golden):
         return ""
+    if followed and isinstance(adapter, DecodesPastGoldenTies):
+        return (
+            f"; the golden decoding took a decision within float noise of flipping before it "
+            f"({tie.where}), but decoded with that decision (and up to the adapter's bound of "
+            "later ones) taken the other way it does not give this output either: not float "
+            "noise at that tie"
+        )
     return (
         f"; the golden decoding took a decision within float noise of flipping before it "
         f"({tie.where}): the golden and serving paths may break such a tie apart, so this "
@@ -192,6 +205,13 @@ def explained_by_ties(
     problem = wrong_output(branch.output, f"{source} a branch whose output is")
     if problem is not None:
         raise SpecViolation("golden_output", problem)
+    strays = [type(t).__name__ for t in branch.ties if not isinstance(t, GoldenTie)]
+    if strays:
+        raise SpecViolation(
+            "golden_output",
+            f"{source} a branch whose ties hold {', '.join(sorted(set(strays)))}, not only "
+            "spec.golden.GoldenTie",
+        )
     if branch.output != actual or not branch.ties:
         raise SpecViolation(
             "golden_output",

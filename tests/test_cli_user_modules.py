@@ -20,6 +20,32 @@ from schedspec_cli.main import main
 MODULES = {
     "boom_at_import": 'raise RuntimeError("boom at import")\n',
     "exits_at_import": "import sys\n\nsys.exit(3)\n",
+    "past_ties": (
+        "from reference.dllm import ReferenceDllmScheduler\n"
+        "from spec.config import DllmConfig, RequestSpec\n"
+        "from spec.snapshot import FinishedOutput\n"
+        "\n"
+        "class WrongGolden(ReferenceDllmScheduler):\n"
+        "    def golden_output(self, request: RequestSpec) -> FinishedOutput:\n"
+        "        real = super().golden_output(request)\n"
+        "        last = (real.tokens[-1] + 1) % 15\n"
+        "        return FinishedOutput((*real.tokens[:-1], last), real.reason)\n"
+        "\n"
+        "    def golden_output_past_ties(self, request: object, actual: object) -> object:\n"
+        '        raise ValueError("boom in past ties")\n'
+        "\n"
+        "def raising(config: DllmConfig, sink: object) -> WrongGolden:\n"
+        "    return WrongGolden(config, sink)  # type: ignore[arg-type]\n"
+        "\n"
+        "class Explains(WrongGolden):  # every mismatch explained by one (made-up) tie\n"
+        "    def golden_output_past_ties(self, request: object, actual: object) -> object:\n"
+        "        from spec.golden import GoldenBranch, GoldenTie\n"
+        "\n"
+        '        return GoldenBranch(actual, (GoldenTie(0, "block 0, forward 1: made up"),))\n'
+        "\n"
+        "def explains(config: DllmConfig, sink: object) -> Explains:\n"
+        "    return Explains(config, sink)  # type: ignore[arg-type]\n"
+    ),
     "my_factories": (
         "import dataclasses\n"
         "from reference.dllm import REFERENCE_DLLM\n"
@@ -209,3 +235,34 @@ def test_parity_refuses_an_implementation_without_fdfo(
         "sync and FDFO (parity compares FDFO's outputs with sync's); of sync, fdfo, fdfo+reuse, "
         "fdfo+reuse+reloop it declares sync"
     )
+
+
+def test_parity_names_a_raising_golden_output_past_ties_as_the_implementations_error(
+    user_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the comparison ran the user's `golden_output_past_ties` unguarded: a traceback,
+    exit 1, and no `--run-timeout`."""
+    argv = ["parity", "--impl", "past_ties:raising", "--prompts", "2", "--max-new-tokens", "8"]
+    assert main(argv) == 1
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.err
+    said = cap.out + cap.err
+    assert "[implementation_error]" in said and "boom in past ties" in said, said
+    assert "during golden_output_past_ties" in said, said
+
+
+def test_verify_counts_the_golden_mismatches_it_agreed_past_ties(
+    user_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Before, such a run said PASS and nothing else: an adapter explaining every mismatch as
+    a tie went unseen. The count and the first are under the table and in the JSON."""
+    out = tmp_path / "v.json"
+    code = main(["verify", "--impl", "past_ties:explains", "--examples", "10", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    result = json.loads(out.read_text())
+    assert result["golden_ties"] > 0, result
+    n = result["golden_ties"]
+    assert f"past_ties:explains: {n} golden mismatch" in printed, printed
+    assert "agreed once float ties were taken the other way" in printed
+    assert "(the first: 'r" in printed and "block 0, forward 1: made up" in printed

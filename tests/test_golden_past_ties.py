@@ -21,7 +21,7 @@ import torch
 from gpu.algorithms import DllmAlgorithm, argmax_and_confidence, mask_transfers
 from gpu.engine import DllmEngine, make_small_engine
 from gpu.golden import golden_decode
-from gpu.near_tie import MOST_MOVE, NearTie, first_near_tie, flipped, tolerance
+from gpu.near_tie import MOST_MOVE, MOST_MOVE_OF, NearTie, first_near_tie, flipped, tolerance
 from properties.harness import Harness
 from reference.dllm import ReferenceDllmScheduler
 from schedspec_cli.parity_impl import EOS, MASK, parity_prompts
@@ -87,7 +87,19 @@ def test_a_confidence_at_the_threshold_is_moved_across_it() -> None:
     assert after is not None
     assert _committed(after)[0] != before[0]
     assert torch.equal(after[1], logits[1])  # only the tied position moves
-    assert _moved_by(logits, after) <= MOST_MOVE * tolerance(logits)
+    assert _moved_by(logits, after) <= MOST_MOVE_OF["threshold"] * tolerance(logits)
+
+
+def test_a_confidence_the_noise_cannot_carry_across_is_no_tie() -> None:
+    """Noise of b per logit moves a confidence p by about 2b·p(1 - p), not 2b·p: at p = 0.95
+    a gap of 1.4e-6 to the threshold is beyond it (b = 1.2e-5 here), though within 2b·p. Before,
+    such a gap was called a tie, and `flipped` moved a logit 4b to cross it, further than any
+    noise within the bound can (a review's case, 2026-12-06)."""
+    logits = torch.tensor([_confident(THRESHOLD - 1.4e-6), _confident(0.99)], dtype=torch.float32)
+    b, p = tolerance(logits), float(torch.softmax(logits[0], dim=-1).max())
+    assert 2 * b * p * (1 - p) < abs(p - THRESHOLD) <= 2 * b * p  # a tie by the old bound only
+    masked = torch.ones(2, dtype=torch.bool)
+    assert first_near_tie(logits, masked, torch.zeros_like(masked), THRESHOLD) is None
 
 
 def test_two_equally_unconfident_positions_swap_which_is_committed() -> None:
@@ -178,6 +190,7 @@ def test_a_branch_that_outputs_the_actual_output_explains_it() -> None:
         ("yes", "returned str, not a spec.golden.GoldenBranch or None"),
         (GoldenBranch(GOLDEN, (TIE,)), "a branch that does not explain [3, 7, 5, 6]"),
         (GoldenBranch(OTHER, ()), "past 0 tie(s)"),
+        (GoldenBranch(OTHER, ("a tie",)), "whose ties hold str, not only spec.golden.GoldenTie"),  # type: ignore[arg-type]
         (GoldenBranch([3, 7], (TIE,)), "a branch whose output is list, not a spec.FinishedOutput"),  # type: ignore[arg-type]
     ],
 )
@@ -251,6 +264,23 @@ def _tied(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
 
 def _unexplained(config: DllmConfig, sink: EventSink) -> ReferenceDllmScheduler:
     return _Unexplained(config, sink)
+
+
+class _TiesNoBranch(_Branches):
+    """Reports a near-tie before the difference, and no branch past it gives the output."""
+
+    def golden_near_tie(self, request: RequestSpec) -> GoldenTie | None:
+        return TIE
+
+
+def test_a_tie_ruled_out_by_its_branch_is_not_offered_as_the_cause() -> None:
+    """Before, the DIFF said the difference 'can be float noise' even when the decoding with
+    that very tie taken the other way had been tried and did not give the output."""
+    run: VariantRun = _Run(_TiesNoBranch(None))  # type: ignore[assignment]
+    [case] = compare_variants([REQUEST], [run], {"r": GOLDEN})
+    assert case.golden is False
+    assert "not float noise at that tie" in case.golden_detail, case.golden_detail
+    assert "can be float noise" not in case.golden_detail
 
 
 def test_the_harness_accepts_an_output_a_tie_explains_and_fails_one_none_does() -> None:

@@ -39,9 +39,11 @@ def _confident(p: float) -> list[float]:
 def test_two_candidates_within_the_noise_are_an_argmax_tie() -> None:
     logits = _logits([[5.0, 1.0, 0, 0, 0, 0], [3.0, 3.0 - 1e-6, 0, 0, 0, 0], [9.0, 0, 0, 0, 0, 0]])
     masked = torch.tensor([True, True, True])
-    tie = first_near_tie(logits, masked, NONE, threshold=0.99)
+    tie = first_near_tie(logits, masked, NONE, threshold=0.4)  # position 1 (p 0.49) commits
     assert tie is not None and tie.kind == "argmax" and tie.position == 1
     assert tie.tokens == (0, 1) and tie.gap <= tie.bound
+    # a masked position the step does not commit: its argmax decides nothing this step
+    assert first_near_tie(logits, masked, NONE, threshold=0.99) is None
     # the same tie where the step decides nothing (not masked, not editable) is no tie
     assert first_near_tie(logits, torch.tensor([True, False, True]), NONE, 0.99) is None
     # an editable position (JointThreshold's edits) decides its argmax too

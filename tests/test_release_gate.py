@@ -575,19 +575,30 @@ def test_cases_that_agree_past_float_ties_pass_and_are_counted(
     agrees (`spec.golden.DecodesPastGoldenTies`); the verdict counts such cases."""
     r = report()
     r["cases"][1]["golden_ties"] = 1
+    r["cases"][1]["golden_detail"] = "agrees ... once 1 decision(s) ... taken the other way (...)"
     code, out = check(tmp_path, r, capsys)
     assert code == 0, out
     assert "golden agrees (1 case(s) once float ties are taken the other way)" in out
     assert "once float ties" not in check(tmp_path, report(), capsys)[1]
 
 
-@pytest.mark.parametrize(("ties", "golden"), [(-1, True), (1, False), (True, True), ("1", True)])
+@pytest.mark.parametrize(
+    ("ties", "golden", "detail"),
+    [
+        (-1, True, "taken the other way"),
+        (1, False, "taken the other way"),
+        (True, True, "taken the other way"),
+        ("1", True, "taken the other way"),
+        (1, True, ""),  # ties claimed where the case names none
+    ],
+)
 def test_a_tie_count_that_cannot_be_is_an_input_error(
-    ties: object, golden: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ties: object, golden: bool, detail: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Ties are counted only where a case agrees with golden by them."""
+    """Ties are counted only where a case agrees with golden by them, and says which."""
     r = report()
     r["cases"][0]["golden_ties"], r["cases"][0]["golden"] = ties, golden
+    r["cases"][0]["golden_detail"] = detail
     code, out, err = check_argv(tmp_path, json.dumps(r), capsys)
     assert (code, out) == (2, ""), out
     assert err.startswith("schedspec: error: invalid cases[0].golden_ties="), err
