@@ -9,9 +9,10 @@ counterexamples):
    detail says whether it is inductive on its own; if not, it shows the counterexample to
    induction, the lemmas that exclude it and a BMC showing it is unreachable;
 2. `bmc/<invariant>`: BMC from the initial state to depth `bound` (every policy);
-3. `mutant/<name>`: "Z3 catches the seeded bug": proved when BMC finds a trace the mutant
+3. `mutant/<name>`: each relaxed guard matters: proved when BMC finds a trace the mutant
    allows and SpecMachine rejects its last event with the expected rule (the detail holds the
-   trace, the state before the bad event and the derived workload);
+   trace, the state before the bad event and the derived workload); not that the inductive
+   proofs would fail on the mutant (docs/proofs.md measures which do);
 4. `theorem/<name>`: the policy theorems (FDFO vs sync) and the in-place-reuse theorem;
 5. `boundary/<name>`: Z3-synthesised boundary workloads ("proved" = a witness exists).
 
@@ -36,7 +37,8 @@ DEFAULT_BOUND = 6
 FAMILIES = {
     "inductive": "inductive/ and lemma/: the invariants and their lemmas are inductive",
     "bmc": "bmc/: no invariant breaks within the bound, from the initial state",
-    "mutants": "mutant/: BMC catches each seeded bug, and its trace replays",
+    "mutants": "mutant/: each relaxed guard matters (BMC finds a trace it allows that the spec "
+    "refuses), and its trace replays",
     "theorems": "theorem/: the policy theorems (FDFO vs sync) and in-place reuse",
     "boundary": "boundary/: Z3-synthesised boundary workloads exist",
 }

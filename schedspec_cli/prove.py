@@ -34,8 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=FAMILY_NAMES,
         default=None,
         help="run only this family of proofs (repeatable; default all): inductive (the "
-        "invariants and lemmas), bmc, mutants (the seeded bugs Z3 must catch), theorems, "
-        "boundary",
+        "invariants and lemmas), bmc, mutants (each relaxed guard matters: Z3 finds a trace "
+        "it allows and the spec refuses), theorems, boundary",
     )
 
 

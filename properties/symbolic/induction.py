@@ -16,8 +16,10 @@ the bound and every max_context):
 
 Each named invariant is also checked ALONE (Inv ∧ domain ∧ T ⇒ Inv'). Where that fails, the
 counterexample to induction (CTI) is reported with the lemmas that exclude it, and BMC from the
-initial state shows the CTI state is not reachable within the BMC depth; the strengthened
-(lemma) proof shows it is never reachable.
+initial state shows the CTI state is not reachable within the BMC depth (no more: a CTI whose
+bad step is a `Finished` lies beyond that depth, the first `Finished` of `CTI_GEOMETRY` being
+16 events deep); the strengthened (lemma) proof, run in the proofs' geometries, is what shows
+such states unreachable there.
 """
 
 from __future__ import annotations

@@ -2,18 +2,22 @@
 
 Over the forward-granularity policy model (`policy`), for every number of blocks per request,
 every step count per block, every arrival pattern (FCFS order) and every max_running_requests
-within `PolicyBounds`:
+within `PolicyBounds`, these results `theorem/<name>` (seven from `policy_theorems`, the
+eighth below from `reuse_theorem`; until 2026-12-06 this list also named a
+`horizon_suffices`, which no code produces: completion within a bound is `progress_*`):
 
-- `horizon_suffices`: within the horizon every request completes, in both modes (so the
-  comparisons below are over complete runs);
 - `fdfo_completion_le_sync`: every request completes no later under FDFO than under sync
   (time in forwards; sync counted at the forward that finishes its last block, i.e. before
   the head-of-line wait for the rest of the batch);
 - `bs1_same_forwards`: at max_running_requests = 1 the two modes run the identical sequence
   of forwards (same request, block and step in every forward);
+- `fdfo_no_waste`: FDFO never forwards a row whose block is already done;
+- `progress_fdfo`, `progress_sync`: no forward undoes progress, and from the last arrival on
+  every forward advances an unfinished request, so every request completes within (last
+  arrival + all blocks' forwards) forwards;
 - `sync_waste`: a sync batch of blocks with step counts T_1..T_n wastes exactly
-  Σ (max T − T_i) row-steps (re-stepping done rows), for every n <= requests; FDFO wastes none;
-  the A/B/C example (3, 8, 2) wastes 11;
+  Σ (max T − T_i) row-steps (re-stepping done rows), for every n <= requests;
+- `sync_waste_abc`: the A/B/C example (3, 8, 2) wastes 11;
 
 and over the event-level relation (`encoding`), with ghost variables:
 
