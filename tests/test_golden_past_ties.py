@@ -19,27 +19,24 @@ import pytest
 import torch
 
 from gpu.algorithms import DllmAlgorithm, argmax_and_confidence, mask_transfers
-from gpu.engine import DllmEngine, make_small_engine
+from gpu.engine import DllmEngine
 from gpu.golden import golden_decode
 from gpu.near_tie import MOST_MOVE, MOST_MOVE_OF, NearTie, first_near_tie, flipped, tolerance
 from properties.harness import Harness
 from reference.dllm import ReferenceDllmScheduler
-from schedspec_cli.parity_impl import EOS, MASK, parity_prompts
 from spec.adapter import EventSink
 from spec.batch_parity import (
-    MODE_VARIANTS,
     VariantRun,
     compare_variants,
-    context_for,
     golden_column,
     golden_verdict,
-    variant_config,
 )
 from spec.config import DllmConfig, Mode, RequestSpec
 from spec.errors import SpecViolation
 from spec.events import FinishReason
 from spec.golden import GoldenBranch, GoldenTie, explained_by_ties
 from spec.snapshot import FinishedOutput
+from tests.small_engine import seeded_small_engine
 
 torch.set_num_threads(1)
 
@@ -123,16 +120,7 @@ def test_a_gap_beyond_the_noise_is_not_flipped() -> None:
 def tied_engine() -> tuple[DllmEngine, RequestSpec]:
     """The small engine and the seeded prompt whose golden decoding takes a near-tie by output
     token 3 (`tests/test_golden_ties.py` holds it there on every CPU of CI)."""
-    requests = parity_prompts(8, 32)
-    base = DllmConfig(
-        block_size=8,
-        page_size=16,
-        max_context=context_for(requests, 8, 16),
-        mask_token_id=MASK,
-        eos_token_id=EOS,
-    )
-    engine = make_small_engine(variant_config(base, MODE_VARIANTS[0], 1), lambda e: None)
-    assert isinstance(engine, DllmEngine)
+    engine, requests = seeded_small_engine()
     return engine, requests[0]
 
 

@@ -10,15 +10,13 @@ import math
 
 import torch
 
-from gpu.engine import DllmEngine, make_small_engine
 from gpu.golden import engine_golden
 from gpu.near_tie import ABS_TOLERANCE, first_near_tie, tolerance
-from schedspec_cli.parity_impl import EOS, MASK, parity_prompts
-from spec.batch_parity import MODE_VARIANTS, context_for, variant_config
-from spec.config import DllmConfig, RequestSpec
+from spec.config import RequestSpec
 from spec.events import FinishReason
 from spec.golden import GoldenTie, golden_tie_note
 from spec.snapshot import FinishedOutput
+from tests.small_engine import seeded_small_engine
 
 torch.set_num_threads(1)
 
@@ -115,16 +113,7 @@ def test_the_engines_seeded_golden_mismatch_is_named_a_float_tie() -> None:
     on; not a 2026-12 AMD EPYC, where the two agree), the report says so (the note is the same
     either way: the tie lies at or before any difference). Another prompt with no tie matches
     golden."""
-    requests = parity_prompts(8, 32)
-    base = DllmConfig(
-        block_size=8,
-        page_size=16,
-        max_context=context_for(requests, 8, 16),
-        mask_token_id=MASK,
-        eos_token_id=EOS,
-    )
-    engine = make_small_engine(variant_config(base, MODE_VARIANTS[0], 1), lambda e: None)
-    assert isinstance(engine, DllmEngine)
+    engine, requests = seeded_small_engine()
     tied, plain = requests[0], requests[1]
     for request in (tied, plain):
         engine.submit(request)
