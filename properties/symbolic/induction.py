@@ -48,14 +48,17 @@ from properties.symbolic.terms import Z, mentioned, model_int
 from spec.config import DllmConfig
 from spec.profile import DllmPolicy
 
-# Block sizes 1..4, page sizes one or two blocks, up to 16 KV slots, 4 requests, 4 rows; one
-# geometry with the prefix cache.
+# Block sizes 1..4, page sizes one to three blocks, up to 16 KV slots, 4 requests, 4 rows; two
+# geometries with the prefix cache. Three blocks a page is where a page can be continued
+# after another request left part of it (`page_alignment/one_request`).
 DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
     Geometry(2, 4, 4),  # 16 slots, 2 blocks per page
     Geometry(1, 1, 8),  # 8 slots, a block per page
     Geometry(3, 6, 2),  # 12 slots, 2 blocks per page
     Geometry(4, 8, 2),  # 16 slots, 2 blocks per page
     Geometry(2, 4, 2, prefix_cache=True),  # 8 slots, 2 blocks per page, the prefix cache
+    Geometry(1, 3, 3),  # 9 slots, 3 blocks per page
+    Geometry(1, 3, 3, prefix_cache=True),  # 9 slots, 3 blocks per page, the prefix cache
 )
 # small enough for readable counterexamples to induction and a BMC over them
 CTI_GEOMETRY = Geometry(1, 2, 2, requests=2, rows=2, running=2)
