@@ -37,7 +37,9 @@ class MissingDependency(ConfigError):
         )
 
 
-def _cwd_importable() -> None:
+def cwd_importable() -> None:
+    """The current directory on `sys.path`, as a user's `module:attribute` is looked up: the
+    module beside the command imports without PYTHONPATH."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
@@ -165,7 +167,7 @@ def load_object(target: str, flag: str = "impl") -> object:
     the install's engine even with a checkout of the engine on the path. An engine not
     installed is `EngineNotInstalled` naming the install command and `target`."""
     module_name, attr = split_target(target, flag)
-    _cwd_importable()
+    cwd_importable()
     try:
         module = _import_user_module(module_name, target, flag)
     except ImportError as err:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import random
 import shlex
 import sys
@@ -44,8 +43,7 @@ from collections.abc import Sequence
 
 from integrations.vidur.custom_scheduler import (
     SCHEDULER_VARIABLE,
-    check_selected,
-    scheduler_class_for,
+    selected_kinds,
     selected_scheduler_cls,
 )
 from integrations.vidur.fixes import PIPELINE_FIXES_OF, vidur_fixed
@@ -60,11 +58,12 @@ from integrations.vidur.pipeline import (
 )
 from reference.ar.stages import StageScheduler
 from schedspec_cli.args import Parser, run_script
+from schedspec_cli.loader import cwd_importable
 from schedspec_cli.output import output_file, table, write_json
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArEvent, ArFinished, ArPreempted, ArScheduled
 from spec.ar.routing import ROUTINGS
-from spec.errors import ConfigError, SchedSpecError, SpecViolation
+from spec.errors import SchedSpecError, SpecViolation
 
 #: The project's stage scheduler runs each real class's decision twin (tests/test_real_vidur.py);
 #: Mnemosyne's depends on the release (0.0.25 keeps partial prefills in its request queue)
@@ -233,32 +232,6 @@ def selector() -> str:
     return "".join(f"{word} " for word in words)
 
 
-def class_kinds(chosen: str) -> list[str]:
-    """The kinds (of those this release ships) whose replica scheduler the class `chosen`
-    (`SCHEDSPEC_VIDUR_SCHEDULER_CLS`) is or subclasses; a `ConfigError` naming the variable
-    when it does not import, is not a class or subclasses none (`check_selected`)."""
-    from integrations.vidur import engine
-
-    check_selected()
-    kinds = []
-    for kind, own in engine.load().schedulers.items():
-        try:
-            scheduler_class_for(kind, own)
-        except ConfigError:  # of another kind
-            continue
-        kinds.append(kind)
-    return kinds
-
-
-def _cwd_importable() -> None:
-    """The current directory on `sys.path`, as `schedspec verify` puts it
-    (`schedspec_cli.loader`): the user's module beside the command imports without
-    PYTHONPATH (run as a script, only scripts/ is on the path)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-
-
 def rerun(args: argparse.Namespace, kind: str, stages: int, seed: int) -> str:
     """The command that runs program `seed` of `kind` at `stages` stages alone (after the
     variables that select the release and class checked, `selector`)."""
@@ -358,11 +331,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--kinds: {unknown} unknown{with_it}; choose from {','.join(allowed)}")
     if min(args.programs, args.replicas, args.kv_parallel, min(stage_counts, default=0)) < 1:
         parser.error("--programs, --replicas, --kv-parallel and --stages must be positive")
-    _cwd_importable()
+    cwd_importable()
     try:
         chosen = selected_scheduler_cls()
         if chosen is not None:
-            check_kinds(parser, chosen, class_kinds(chosen), args.kinds, asked, allowed, with_it)
+            check_kinds(parser, chosen, selected_kinds(), args.kinds, asked, allowed, with_it)
     except SchedSpecError as err:  # the class does not import, or Vidur is not installed
         parser.error(" ".join(str(err).split()))
     seeds = range(args.programs) if args.seed is None else [args.seed]

@@ -71,6 +71,18 @@ def check_selected(builtin: str | None = None) -> None:
         scheduler_class_for(kind, schedulers[kind])
 
 
+def selected_kinds() -> list[str]:
+    """The kinds whose replica scheduler the variable's class is or subclasses (none when the
+    variable is unset); a `ConfigError` as `check_selected` raises for a class that does not
+    import or subclasses no replica scheduler of this release."""
+    check_selected()
+    qualname = selected_scheduler_cls()
+    if qualname is None:
+        return []
+    cls, schedulers = _resolved(qualname)
+    return _kinds_of(cls, schedulers)
+
+
 def scheduler_class_for(kind: str, default: type[Any]) -> type[Any]:
     """The class to build where the adapter would build Vidur's `kind` scheduler `default`:
     the variable's class when set (it must subclass `default`: a `ConfigError` naming the
