@@ -66,7 +66,16 @@ from tests.tier import depth
 EOS = 15
 STOP_TOKEN = 7  # the proposals' "stop string": a request with a sampled stop ends on it
 STOP_IDS = (4, 9, 12)  # the stop token ids of the walks' second and third requests
-GEOMETRIES = ((1, 1, 8), (1, 2, 4), (2, 2, 4), (2, 4, 4), (3, 6, 2), (4, 4, 2), (1, 3, 3))
+GEOMETRIES = (
+    (1, 1, 8),
+    (1, 2, 4),
+    (2, 2, 4),
+    (2, 4, 4),
+    (3, 6, 2),
+    (4, 4, 2),
+    (1, 3, 3),
+    (1, 4, 2),
+)
 STATS: Counter[str] = Counter()
 
 

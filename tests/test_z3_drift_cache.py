@@ -56,7 +56,7 @@ from tests import test_z3_drift as drift
 pytestmark = pytest.mark.xdist_group("z3-drift-cache")
 
 # (B, P, pages)
-CACHE_GEOMETRIES = ((1, 1, 8), (2, 2, 4), (3, 3, 3), (1, 2, 4), (2, 4, 2), (1, 3, 3))
+CACHE_GEOMETRIES = ((1, 1, 8), (2, 2, 4), (3, 3, 3), (1, 2, 4), (2, 4, 2), (1, 3, 3), (1, 4, 2))
 KEEP = {drift.EOS, drift.STOP_TOKEN, *drift.STOP_IDS}  # tokens that end requests
 SMALL = DllmConfig(  # one-slot blocks and pages, 8 of them, two requests at a time
     block_size=1,

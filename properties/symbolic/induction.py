@@ -48,8 +48,8 @@ from properties.symbolic.terms import Z, mentioned, model_int
 from spec.config import DllmConfig
 from spec.profile import DllmPolicy
 
-# Block sizes 1..4, page sizes one to three blocks, up to 16 KV slots, 4 requests, 4 rows; two
-# geometries with the prefix cache. Three blocks a page is where a page can be continued
+# Block sizes 1..4, page sizes one to four blocks, up to 16 KV slots, 4 requests, 4 rows; three
+# with the prefix cache. Three blocks a page is where a page can first be continued
 # after another request left part of it (`page_alignment/one_request`).
 DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
     Geometry(2, 4, 4),  # 16 slots, 2 blocks per page
@@ -59,6 +59,8 @@ DEFAULT_GEOMETRIES: tuple[Geometry, ...] = (
     Geometry(2, 4, 2, prefix_cache=True),  # 8 slots, 2 blocks per page, the prefix cache
     Geometry(1, 3, 3),  # 9 slots, 3 blocks per page
     Geometry(1, 3, 3, prefix_cache=True),  # 9 slots, 3 blocks per page, the prefix cache
+    Geometry(1, 4, 2),  # 8 slots, 4 blocks per page
+    Geometry(1, 4, 2, prefix_cache=True),  # 8 slots, 4 blocks per page, the prefix cache
 )
 # small enough for readable counterexamples to induction and a BMC over them
 CTI_GEOMETRY = Geometry(1, 2, 2, requests=2, rows=2, running=2)
