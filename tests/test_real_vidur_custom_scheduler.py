@@ -209,9 +209,9 @@ def test_with_a_vidur_checkout_on_the_path_a_module_of_ones_own_binds_the_instal
 #: bound to the checkout.
 BOUND_MODULE = """
 import vidur
-from vidur.scheduler.replica_scheduler.orca_replica_scheduler import OrcaReplicaScheduler
+from vidur.scheduler.replica_scheduler.sarathi_replica_scheduler import SarathiReplicaScheduler
 
-from integrations.vidur import REAL_VIDUR_ORCA as IMPL
+from integrations.vidur import REAL_VIDUR_SARATHI as IMPL
 
 if "checkout" in vidur.__file__:
     raise RuntimeError(f"bound the checkout's vidur: {vidur.__file__}")

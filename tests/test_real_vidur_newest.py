@@ -6,10 +6,11 @@ One process imports one release (both are the package `vidur`), and the rest of 
 0.0.25 in its workers, so every check here runs in a subprocess with the variable set. The
 findings of 0.0.25 that concern these three schedulers reproduce on 0.0.26 with the same
 counterexamples as `tests/test_real_vidur.py`: vLLM restarts a decode that needs no block
-(`progress`), Orca floors max_model_len to whole blocks (`kv_covers_scheduled`), and
-`Request.restart` keeps the stage counters (Vidur's own AssertionError without the adapter's
-repair). The fixes of the first two, renamed for 0.0.26 (`fixes.fixes_for`), make their
-counterexamples conform and apply as a patch. Sarathi passes the suite as it is, as on 0.0.25.
+(`progress`), Orca floors max_model_len to whole blocks (`kv_covers_scheduled`) and records
+no attention context for a request it admits (`batch_context`), and `Request.restart` keeps the
+stage counters (Vidur's own AssertionError without the adapter's repair). The fixes of the
+first three, the first two renamed for 0.0.26 (`fixes.fixes_for`), make their counterexamples
+conform and apply as a patch. Sarathi passes the suite as it is, as on 0.0.25.
 Mnemosyne (FCFS, fixed chunk) keeps two of its three 0.0.25 findings (0.0.26 dropped the
 prefill assertion itself); their fixes make it pass, and then it decides as `vidur-mnemosyne`.
 """
@@ -101,6 +102,12 @@ def orca():
                ArRequest("r0", 6, 1))
 
 
+def orca_reservation_floor():
+    # Orca's other finding (no context recorded for a request it admits) comes first
+    with vidur_fixed(["orca-batch-context"]):
+        return orca()
+
+
 def mnemosyne():
     return run(REAL_VIDUR_MNEMOSYNE.factory, REAL_VIDUR_MNEMOSYNE.profile.policy,
                MNEMOSYNE_SKIP, *MNEMOSYNE_SKIP_REQUESTS, steps=1)
@@ -113,7 +120,8 @@ found = {
     "loaded": load().version,
     "vllm_decode_block": vllm(),
     "vllm_decode_block_idealised": vllm(idealised=True),
-    "orca_reservation_floor": orca(),
+    "orca_batch_context": orca(),
+    "orca_reservation_floor": orca_reservation_floor(),
     "restart_unrepaired": run(sarathi(False), REAL_VIDUR_SARATHI.profile.policy, restart,
                               *restart_requests),
     "restart_repaired": run(sarathi(True), REAL_VIDUR_SARATHI.profile.policy, restart,
@@ -125,7 +133,7 @@ with vidur_fixed(["vllm-decode-block"]):
     found["vllm_fixed_suite"] = suite(REAL_VIDUR_VLLM)
     found["vllm_fixed_twin"] = suite(REAL_VIDUR_VLLM, twin=VIDUR_VLLM_RELEASED)
 found["sarathi_twin"] = suite(REAL_VIDUR_SARATHI, twin=VIDUR_SARATHI_RELEASED)
-with vidur_fixed(["reservation-ceil"]):
+with vidur_fixed(["reservation-ceil", "orca-batch-context"]):
     found["orca_fixed"] = orca()
     found["orca_fixed_suite"] = suite(REAL_VIDUR_ORCA)
     found["orca_fixed_twin"] = suite(REAL_VIDUR_ORCA, twin=VIDUR_ORCA)
@@ -187,6 +195,7 @@ def test_the_findings_reproduce_on_the_newest_release(newest_found: dict[str, An
     assert found["vllm_decode_block"] is None, found
     assert found["vllm_decode_block_idealised"]["rule"] == "progress", found
     assert found["vllm_decode_block_idealised"]["preempted"] >= 1, found
+    assert found["orca_batch_context"]["rule"] == "batch_context", found
     assert found["orca_reservation_floor"]["rule"] == "kv_covers_scheduled", found
     unrepaired = found["restart_unrepaired"]
     assert unrepaired["rule"] == "implementation_error" and unrepaired["assertion"], found
@@ -194,16 +203,17 @@ def test_the_findings_reproduce_on_the_newest_release(newest_found: dict[str, An
 
 
 @full_tier
-def test_the_fixes_of_the_two_remaining_findings_apply_to_the_newest_release(
+def test_the_fixes_of_the_remaining_findings_apply_to_the_newest_release(
     newest_found: dict[str, Any],
 ) -> None:
     """`reservation-ceil` and `vllm-decode-block`, with 0.0.26's names for the block and pool
-    sizes (`fixes_for`): each makes its counterexample conform and its scheduler pass 60
-    examples of the suite, and `scripts/engine_fixes_diff.py vidur` gives them as a patch
-    that `git apply` makes on copies of 0.0.26's files."""
+    sizes (`fixes_for`), and `orca-batch-context` as it is: each makes its counterexample
+    conform and its scheduler pass 60 examples of the suite, and `scripts/engine_fixes_diff.py
+    vidur` gives them as a patch that `git apply` makes on copies of 0.0.26's files."""
     found = newest_found
     assert found["fixes"] == [
         "reservation-ceil",
+        "orca-batch-context",
         "vllm-decode-block",
         "micro-batch-floor",
         "mnemosyne-skip-frees",
@@ -278,7 +288,8 @@ def test_orca_fails_the_suite_on_the_newest_release_with_its_finding(
 ) -> None:
     res = schedspec(newest_env, "verify", "--impl", "real-vidur-orca", "--examples", "100")
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
-    assert "violation of [kv_covers_scheduled]" in res.stdout, res.stdout[-3000:]
+    # the first batch of any program: no context recorded for the request it admits
+    assert "violation of [batch_context]" in res.stdout, res.stdout[-3000:]
 
 
 @full_tier

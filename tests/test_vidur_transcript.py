@@ -111,16 +111,16 @@ def test_a_planted_leak_ends_with_vidurs_own_calls(
 def test_orcas_known_finding_ends_with_vidurs_own_calls(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The built-in Orca's finding (its reservation rounds down, kv_covers_scheduled) is said
-    in Vidur's calls, ending with the `on_schedule` whose batch outgrew the reservation."""
+    """The built-in Orca's first finding (no attention context recorded for the request its
+    first batch admits, batch_context) is said in Vidur's calls, ending with that batch's
+    `on_schedule`, and named as known with its fix."""
     code, out, rules, native = _verify(capsys, tmp_path, "real-vidur-orca")
-    assert code == 1 and rules == ["kv_covers_scheduled"], out[-3000:]
+    assert code == 1 and rules == ["batch_context"], out[-3000:]
     assert native[0].startswith("sched = OrcaReplicaScheduler(...)  # block_size="), native
     _line(native, "sched.add_request(Request(arrived_at=0.0, ")
     assert _line(native, "batch = sched.on_schedule(") and "q token" in native[-1], native
-    _line(native, "sched.on_batch_end(batch)  # at t=1.0, ")
     assert "--- known fixes ---\nKNOWN FINDING: this program passes with the engine fix " in out
-    assert "`reservation-ceil`" in out.split("--- known fixes ---", 1)[1]
+    assert "`orca-batch-context`" in out.split("--- known fixes ---", 1)[1]
 
 
 def _config(kind: str) -> ArConfig:

@@ -72,6 +72,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from integrations.vidur.batch_context import check_batch_context
 from integrations.vidur.transcript import VidurTranscript, read
 from spec.ar.adapter import ArEventSink, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, validate_ar_request
@@ -251,9 +252,11 @@ class VidurAdapter:
 
     def step(self) -> None:
         """Vidur's `on_schedule` (`ArBlocksAllocated`, `ArPreempted` for a restart, `ArBlocksFreed`
-        emitted as the wrapped `allocate` / `free` run), `ArScheduled` per request of its batch,
-        `ArStepEnd`, then the batch through Vidur's stage and batch-end events (`BATCH_TIME` on the
-        clock), emitting frees and `ArFinished` (the reason `stop_after` implies)."""
+        emitted as the wrapped `allocate` / `free` run), the batch's attention contexts checked
+        (`batch_context`: `integrations.vidur.batch_context`), `ArScheduled` per request of its
+        batch, `ArStepEnd`, then the batch through Vidur's stage and batch-end events
+        (`BATCH_TIME` on the clock), emitting frees and `ArFinished` (the reason `stop_after`
+        implies)."""
         self._in_schedule = True
         call = self.transcript.scheduling(self.time)
         try:
@@ -264,6 +267,8 @@ class VidurAdapter:
         scheduled = _scheduled(batch) if batch is not None else []
         self.transcript.formed(call, batch, scheduled)
         if batch is not None:
+            check_batch_context(batch, self.kind, self.scheduler, self._named)
+        if batch is not None:
             for vreq, n in scheduled:
                 rid = self._by_vid[vreq.id].spec.request_id
                 if rid not in self._admitted:
@@ -273,6 +278,10 @@ class VidurAdapter:
         if batch is not None:
             self._run(batch)
         self.step_index += 1
+
+    def _named(self, vreq: Any) -> str:
+        """A Vidur request as a message names it: the spec's id and Vidur's."""
+        return f"{self._by_vid[vreq.id].spec.request_id!r} (Vidur request {vreq.id})"
 
     def native_calls(self) -> str:
         """The calls this adapter made on Vidur's replica scheduler so far, one per line, in

@@ -17,6 +17,10 @@ One fix per finding of docs/engines/vidur.md ("Vidur", Findings):
 - `reservation-ceil`: the max_model_len reservation of Orca and FasterTransformer is
   `max_tokens // block_size` (`BaseReplicaScheduler.__init__`), a block short when max_tokens is
   not a multiple of the block size; reserve the ceiling.
+- `orca-batch-context`: Orca's `_get_next_batch` computes the attention context of a request
+  it admits and never records it (`num_kv_tokens`), so the batch lists fewer contexts than
+  requests and Vidur's time predictor, pairing them with `zip`, leaves those prefills out of the
+  batch's attention time (`batch_context`, `integrations.vidur.batch_context`); record it.
 - `lightllm-admit-at-peak`: LightLLM admits only while the peak need is `< num_blocks`
   (`_can_allocate_request`); a peak that equals the pool fits, so admit at `<=`.
 - `lightllm-one-token-peak`: LightLLM counts a request not yet scheduled as holding prompt + 1
@@ -54,7 +58,7 @@ passages a fix anchors on.
 
 On 0.0.26 (`SCHEDSPEC_VIDUR_VERSION`), `VIDUR_FIXES` holds `reservation-ceil` and
 `vllm-decode-block` with 0.0.26's names for the block and pool sizes (`fixes_for`),
-`micro-batch-floor` as it is, and the four
+`orca-batch-context` and `micro-batch-floor` as they are, and the four
 Mnemosyne fixes its code still needs: the other three fixes' schedulers are gone there.
 """
 
@@ -74,6 +78,7 @@ FT = f"{PACKAGE}.faster_transformer_replica_scheduler"
 LIGHTLLM = f"{PACKAGE}.lightllm_replica_scheduler"
 VLLM = f"{PACKAGE}.vllm_replica_scheduler"
 SARATHI = f"{PACKAGE}.sarathi_replica_scheduler"
+ORCA = f"{PACKAGE}.orca_replica_scheduler"
 MNEMOSYNE = f"{PACKAGE}.mnemosyne_base_replica_scheduler"
 KV_PARALLEL_BATCH = "vidur.entities.kv_parallel_batch"
 
@@ -255,6 +260,23 @@ MICRO_BATCH_FLOOR = EngineFix(
     "batch_size_cap < stages",
 )
 
+ORCA_BATCH_CONTEXT = EngineFix(
+    "orca-batch-context",
+    (
+        (
+            ORCA,
+            "            num_q_tokens.append(next_num_q_tokens)\n\n        if not requests:\n",
+            "            num_q_tokens.append(next_num_q_tokens)\n"
+            "            # the predictor pairs num_kv_tokens with the requests: one each\n"
+            "            num_kv_tokens.append(next_num_kv_tokens)\n"
+            "\n"
+            "        if not requests:\n",
+        ),
+    ),
+    ((ORCA, "OrcaReplicaScheduler._get_next_batch"),),
+    "Orca: record the attention context of a request it admits (num_kv_tokens), as of a decode",
+)
+
 MNEMOSYNE_PREFILL_ASSERT = EngineFix(
     "mnemosyne-prefill-assert",
     (
@@ -363,17 +385,19 @@ def _for_cache_config(fix: EngineFix) -> EngineFix:
 
 
 def fixes_for(version: str) -> FixSet:
-    """The fixes of Vidur `version` (one of `KINDS_OF`): all twelve on 0.0.25; on 0.0.26, which
+    """The fixes of Vidur `version` (one of `KINDS_OF`): all thirteen on 0.0.25; on 0.0.26, which
     dropped LightLLM and FasterTransformer, the two whose schedulers remain, renamed,
-    `micro-batch-floor` and Mnemosyne's four (0.0.26 dropped the prefill assertion itself)."""
+    `orca-batch-context`, `micro-batch-floor` and Mnemosyne's four (0.0.26 dropped the prefill
+    assertion itself)."""
     if version == DEFAULT_VERSION:
         return FixSet(
             engine=f"Vidur {version}",
-            modules=(BASE, FT, LIGHTLLM, VLLM, SARATHI, MNEMOSYNE, KV_PARALLEL_BATCH),
+            modules=(BASE, FT, LIGHTLLM, VLLM, SARATHI, ORCA, MNEMOSYNE, KV_PARALLEL_BATCH),
             fixes=(
                 FT_FREE_AT_BATCH_END,
                 FT_FREE_ON_FINISH,
                 RESERVATION_CEIL,
+                ORCA_BATCH_CONTEXT,
                 LIGHTLLM_ADMIT_AT_PEAK,
                 LIGHTLLM_ONE_TOKEN_PEAK,
                 VLLM_DECODE_BLOCK,
@@ -396,9 +420,10 @@ def fixes_for(version: str) -> FixSet:
         )
     return FixSet(
         engine=f"Vidur {version}",
-        modules=(BASE, VLLM, SARATHI, MNEMOSYNE, KV_PARALLEL_BATCH),
+        modules=(BASE, VLLM, SARATHI, ORCA, MNEMOSYNE, KV_PARALLEL_BATCH),
         fixes=(
             _for_cache_config(RESERVATION_CEIL),
+            ORCA_BATCH_CONTEXT,
             _for_cache_config(VLLM_DECODE_BLOCK),
             MICRO_BATCH_FLOOR,
             MNEMOSYNE_SKIP_FREES,
@@ -427,7 +452,7 @@ DEFAULT_FIXES: tuple[str, ...] = tuple(
 FIXES_OF: dict[str, tuple[str, ...]] = {
     "vllm": (VLLM_DECODE_BLOCK.name,),
     "sarathi": (),
-    "orca": (RESERVATION_CEIL.name,),
+    "orca": (RESERVATION_CEIL.name, ORCA_BATCH_CONTEXT.name),
     "lightllm": (LIGHTLLM_ADMIT_AT_PEAK.name, LIGHTLLM_ONE_TOKEN_PEAK.name),
     "ft": (FT_FREE_AT_BATCH_END.name, RESERVATION_CEIL.name),
     # the prefill assertion is 0.0.25's alone (0.0.26 dropped it itself)
@@ -473,6 +498,7 @@ NOT_FINDING_FIXES = frozenset(
 FINDING_RULES: dict[str, frozenset[str]] = {
     FT_FREE_AT_BATCH_END.name: frozenset({"terminal_holds_nothing"}),
     RESERVATION_CEIL.name: frozenset({"kv_covers_scheduled", "twin_decisions"}),
+    ORCA_BATCH_CONTEXT.name: frozenset({"batch_context"}),
     MNEMOSYNE_PREFILL_ASSERT.name: frozenset({"implementation_error"}),
     MNEMOSYNE_SKIP_FREES.name: frozenset({"waiting_holds_nothing"}),
     # the decode order follows the requests' addresses: another victim on a replay
@@ -526,6 +552,7 @@ __all__ = [
     "MNEMOSYNE_PREFILL_ASSERT",
     "MNEMOSYNE_SKIP_FREES",
     "NOT_FINDING_FIXES",
+    "ORCA_BATCH_CONTEXT",
     "PIPELINE_FIXES_OF",
     "RESERVATION_CEIL",
     "VIDUR_FIXES",

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from integrations.vidur.adapter import _reset_stage_counters, _scheduled, kv_ledger
+from integrations.vidur.batch_context import check_batch_context
 from integrations.vidur.profiles import PROFILES
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.pipeline import BatchInFlight, PipelineSnapshot, check_pipeline
@@ -527,7 +528,8 @@ class VidurPipeline:
     def _observe(self, event: Any, waiting: list[int]) -> None:
         """Follow a handled event: a request arrived (`RequestArrivalEvent`), routed
         (`GlobalScheduleEvent`, checked against the routing with the replicas' `waiting` counts
-        from before it), a batch formed (`ReplicaScheduleEvent`), running a stage
+        from before it), a batch formed (`ReplicaScheduleEvent`, its attention contexts checked:
+        `batch_context`), running a stage
         (`ReplicaStageScheduleEvent`), gone (`BatchEndEvent`, its finishes recorded)."""
         kind = type(event).__name__
         if kind == "RequestArrivalEvent":
@@ -544,6 +546,9 @@ class VidurPipeline:
             return
         if kind == "ReplicaScheduleEvent":
             replica = self._index[event._replica_id]
+            check_batch_context(
+                batch, self.kind, self.schedulers[replica], lambda r: repr(self._rid[r.id])
+            )
             decodes = frozenset(self._rid[r.id] for r in batch.requests if r.is_prefill_complete)
             tokens = tuple((self._rid[r.id], n) for r, n in _scheduled(batch))
             self._batches[id(batch)] = _Batch(

@@ -60,6 +60,7 @@ class ArRule(StrEnum):
     FINISH_RELEASED = "finish_released"
     TERMINAL_HOLDS_NOTHING = "terminal_holds_nothing"
     SNAPSHOT_MATCHES = "snapshot_matches"
+    BATCH_CONTEXT = "batch_context"
     TWIN_DECISIONS = "twin_decisions"
     IMPLEMENTATION_ERROR = "implementation_error"
 
@@ -188,6 +189,11 @@ _AR_RULES: dict[ArRule, str] = {
     # --- cross-checks
     ArRule.SNAPSHOT_MATCHES: "Between steps the implementation's own pool, running set, waiting "
     "set and computed-token counts equal the abstract state.",
+    ArRule.BATCH_CONTEXT: "Where the implementation records, for the work a step hands to "
+    "execution, each scheduled request's attention context (Vidur's `Batch.num_kv_tokens`, "
+    "which its execution-time predictor reads), it records one per scheduled request, counted "
+    "as its engine declares (the engine's adapter checks the record; the event log carries "
+    "none).",
     ArRule.TWIN_DECISIONS: "When a decision twin is declared for the run (another implementation "
     "that must decide alike, such as a re-implementation of an engine's policy), the same "
     "operations schedule the same tokens to the same requests, preempt the same requests in "
