@@ -38,6 +38,9 @@ class TraceResult:
     idle_at_end: bool
     config: DllmConfig | None = None  # what the trace was checked under
     policy: DllmPolicy | None = None
+    # a log that conformed: the requests it leaves queued and active (admitted or running)
+    queued_at_end: tuple[str, ...] = ()
+    active_at_end: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -108,6 +111,16 @@ def check_trace(
                 'the trace has no {"kind": "config", ...} header line: pass --config PATH',
             )
         machine = SpecMachine(config, policy)
+    queued, active = machine.unfinished_ids()
     return TraceResult(
-        path, count, machine.round_index, None, None, machine.is_idle(), config, policy
+        path,
+        count,
+        machine.round_index,
+        None,
+        None,
+        machine.is_idle(),
+        config,
+        policy,
+        queued,
+        active,
     )

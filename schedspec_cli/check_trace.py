@@ -16,9 +16,10 @@ that ends with work still running is a warning (exit 0), or with `--require-idle
 must agree with it), and `--twin` then compares the log's decisions with a decision twin's
 (`schedspec_cli.trace_profile`); both are resolved, for the log's family, before any event is
 read. `--json PATH` writes the verdict as JSON (for a CI job to read): checked before the log
-is opened, written for exit 0 and 1 (an input error, exit 2, writes none). A header that says
-what wrote the log (`"writer": "sglang 0.5.23"`) has it printed after the verdict and recorded
-as the JSON's `writer`.
+is opened, written for exit 0 and 1, and for an input error (exit 2) as `{"exit": 2,
+"verdict": "error", "error": ...}`, so a file an earlier run wrote never stays behind. A
+header that says what wrote the log (`"writer": "sglang 0.5.23"`) has it printed after the
+verdict and recorded as the JSON's `writer`.
 
 FILE is read once, front to back (`schedspec_cli.trace_input`): the header line first, then each
 event checked as it arrives. The first problem in line order decides: a violation is exit 1, a
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from properties.deadline import call_timeout_named, call_timeout_set
 from schedspec_cli.args import add_call_timeout
 from schedspec_cli.trace_input import open_trace
-from spec.errors import ConfigError, SchedSpecError
+from spec.errors import ConfigError, SchedSpecError, SpecViolation
 from spec.implementation import Family
 from spec.input_file import read_input_bytes
 from spec.json_text import parse_json
@@ -48,7 +49,6 @@ from spec.json_text import parse_json
 if TYPE_CHECKING:  # imported when a run needs them (start-up stays light)
     from properties.verify import Twin
     from schedspec_cli.trace_profile import TraceProfile
-    from spec.errors import SpecViolation
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -199,20 +199,31 @@ def run(args: argparse.Namespace) -> int:
     from spec.trace import TraceFormatError, writer_of
 
     check_output_path("--json", args.json, inputs=[("FILE", args.file), ("--config", args.config)])
-    with (
-        call_timeout_named("--call-timeout"),
-        call_timeout_set(args.call_timeout),
-        open_trace(args.file) as source,
-    ):
-        lines = iter(source)
-        header, head = read_header(lines, source.name)
-        args = argparse.Namespace(**{**vars(args), "file": source.name, "verdict": {}})
-        try:
-            writer = writer_of(header.data, header.line) if header.data is not None else None
-            args.verdict["writer"] = writer
-            code = _run(args, header, head, lines)
-        except TraceFormatError as err:  # the spec's parser knows the line, not the input
-            raise TraceLineError(source.name, err.line_no, err.detail) from None
+    name = args.file
+    try:
+        with (
+            call_timeout_named("--call-timeout"),
+            call_timeout_set(args.call_timeout),
+            open_trace(args.file) as source,
+        ):
+            name = source.name
+            lines = iter(source)
+            header, head = read_header(lines, source.name)
+            args = argparse.Namespace(**{**vars(args), "file": source.name, "verdict": {}})
+            try:
+                writer = writer_of(header.data, header.line) if header.data is not None else None
+                args.verdict["writer"] = writer
+                code = _run(args, header, head, lines)
+            except TraceFormatError as err:  # the spec's parser knows the line, not the input
+                raise TraceLineError(source.name, err.line_no, err.detail) from None
+    except SpecViolation:  # pragma: no cover - a verdict is returned, never raised
+        raise
+    except SchedSpecError as err:
+        # an input error is recorded too: a file an earlier run wrote never stays behind
+        # saying it passed
+        error = " ".join(str(err).split())
+        write_json(args.json, {"file": name, "exit": 2, "verdict": "error", "error": error})
+        raise
     if writer is not None:  # which release's behaviour the verdict is about
         print(f"{source.name}: written by {writer}")
     write_json(args.json, {"file": source.name, "exit": code, **args.verdict})
@@ -223,6 +234,14 @@ def _run(args: argparse.Namespace, header: Header, head: list[str], rest: Iterat
     wanted = Family.parse(args.family) if args.family else None
     family = header.family or wanted or Family.DLLM
     if wanted is not None and header.family is not None and wanted is not header.family:
+        if header.data is not None and "family" not in header.data:
+            raise ConfigError(
+                "--family",
+                wanted.value,
+                f'the trace\'s family: its header line has no "family", which makes it a '
+                f"{header.family.value} header; for an {wanted.value} log add "
+                f'"family": "{wanted.value}" to the header (the flag is for a log without one)',
+            )
         said = "its header line" if header.data is not None else "its first event's kind"
         raise ConfigError(
             "--family",
@@ -361,7 +380,8 @@ def _settle_config(
     for body, refuse in sources:
         unknown = sorted(set(body) - schema.fields)
         if unknown:
-            raise refuse(f"unknown config fields {unknown}; valid: {sorted(schema.fields)}")
+            hint = _ar_fields_hint(unknown) if refuse is at_header else ""
+            raise refuse(f"unknown config fields {unknown}; valid: {sorted(schema.fields)}{hint}")
     missing = schema.missing({**extra, **own})
     if missing and header.data is None:
         raise ConfigError(
@@ -402,6 +422,21 @@ def _settle_config(
     return ran, head
 
 
+def _ar_fields_hint(unknown: list[str]) -> str:
+    """For a header read as a dLLM one (it has no `family`) whose unknown fields are all an
+    AR configuration's: what to add."""
+    import dataclasses as dc
+
+    from spec.ar.config import ArConfig
+
+    if set(unknown) <= {f.name for f in dc.fields(ArConfig)}:
+        return (
+            '; these are an AR configuration\'s fields: a header without "family" is a dLLM '
+            'one, so add "family": "ar" to it'
+        )
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class Extras:
     """What `--profile` and `--twin` named, resolved for the log's family."""
@@ -414,9 +449,14 @@ class Extras:
         return f" under the profile of {self.named.name}" if self.named is not None else ""
 
     def accepted(
-        self, args: argparse.Namespace, where: object, violation: SpecViolation
+        self,
+        args: argparse.Namespace,
+        where: object,
+        violation: SpecViolation,
+        counted: tuple[int, int, str],
     ) -> int | None:
-        """Exit 0 with a report when the profile accepts the violated rule, else None."""
+        """Exit 0 with a report when the profile accepts the violated rule, else None
+        (`counted`: the events and rounds or steps that conformed before it, and the unit)."""
         if self.named is None:
             return None
         deviation = self.named.profile.accepted(violation.rule)
@@ -427,7 +467,12 @@ class Extras:
             f"declares ({deviation.reason}); the log after this line is not checked"
         )
         args.verdict.update(
-            verdict="accepted", rule=str(violation.rule), line=where, reason=deviation.reason
+            verdict="accepted",
+            rule=str(violation.rule),
+            line=where,
+            reason=deviation.reason,
+            **_counts(counted),
+            **_event_fields(violation),
         )
         return 0
 
@@ -467,12 +512,14 @@ def _check_dllm(
     with _profile_named(extras):
         res = check_trace(lines, config, policy, kept)
     if res.violation is not None:
-        accepted = extras.accepted(args, res.line, res.violation)
+        counted = (res.events, res.rounds, "rounds")
+        accepted = extras.accepted(args, res.line, res.violation, counted)
         if accepted is not None:
             return accepted
-        return _violated(args, res.line, res.violation)
+        return _violated(args, res.line, res.violation, counted)
     declared = res.policy is not None and res.policy != DllmPolicy()
-    code = _finish(args, res.events, (res.rounds, "rounds"), res.idle_at_end, extras, declared)
+    end = End(res.idle_at_end, res.queued_at_end, res.active_at_end)
+    code = _finish(args, res.events, (res.rounds, "rounds"), end, extras, declared)
     twin = extras.twin
     if not isinstance(twin, DllmTwin) or res.config is None:
         return code
@@ -502,12 +549,14 @@ def _check_ar(
         res = check_ar_trace(lines, config, policy, kept)
     if res.violation is not None:
         where = res.line if res.line is not None else "end"
-        accepted = extras.accepted(args, where, res.violation)
+        counted = (res.events, res.steps, "steps")
+        accepted = extras.accepted(args, where, res.violation, counted)
         if accepted is not None:
             return accepted
-        return _violated(args, where, res.violation)
+        return _violated(args, where, res.violation, counted)
     declared = res.policy is not None and res.policy != ArPolicy()
-    code = _finish(args, res.events, (res.steps, "steps"), res.idle_at_end, extras, declared)
+    end = End(res.idle_at_end, res.waiting_ids, res.running_ids, res.unjudged_at_end)
+    code = _finish(args, res.events, (res.steps, "steps"), end, extras, declared)
     twin = extras.twin
     if not isinstance(twin, ArTwin) or res.config is None:
         return code
@@ -530,36 +579,123 @@ def _twin_returns(name: str) -> Iterator[None]:
         raise ConfigError("--twin", name, f"a twin that returns ({hang})") from None
 
 
+@dataclass(frozen=True, slots=True)
+class End:
+    """How a log that conformed ends: idle or not, the requests it leaves waiting (queued) and
+    running (active), and, for an AR log that ends with work left, the between-steps
+    violation its end would be were it a step boundary (`unjudged`: a log cut inside a step or
+    its update phase does not meet them yet)."""
+
+    idle: bool
+    waiting: tuple[str, ...] = ()
+    running: tuple[str, ...] = ()
+    unjudged: SpecViolation | None = None
+
+    def left(self) -> str:
+        """The requests left, in words: `1 waiting ('r1'), 2 running ('r0', 'r2')`."""
+        return ", ".join(
+            f"{len(ids)} {what} ({_ids(ids)})"
+            for what, ids in (("waiting", self.waiting), ("running", self.running))
+            if ids
+        )
+
+
+def _ids(ids: tuple[str, ...], most: int = 5) -> str:
+    shown = ", ".join(repr(i) for i in ids[:most])
+    return shown + (f", ... {len(ids)} in all" if len(ids) > most else "")
+
+
+def _counts(counted: tuple[int, int, str]) -> dict[str, int]:
+    events, periods, unit = counted
+    return {"events": events, unit: periods}
+
+
+def _event_fields(violation: SpecViolation) -> dict[str, str]:
+    """The violating event's kind and request id, where it has them (for a CI job to group
+    failures by), beside the message."""
+    event = violation.event
+    fields: dict[str, str] = {}
+    kind = getattr(event, "kind", None)
+    if isinstance(kind, str):
+        fields["event_kind"] = kind
+    request_id = getattr(event, "request_id", None)
+    if isinstance(request_id, str):
+        fields["request_id"] = request_id
+    return fields
+
+
 def _finish(
     args: argparse.Namespace,
     events: int,
     periods: tuple[int, str],
-    idle: bool,
+    end: End,
     extras: Extras,
     declared: bool,
 ) -> int:
     """The verdict of a log that conformed: `periods`, its rounds or steps (count, unit);
-    `declared`, its header declared a policy."""
+    `declared`, its header declared a policy. A log that ends with work left is a warning,
+    with `--require-idle` a failure (one FAIL line, no OK line): `incomplete`, or, for an AR
+    log whose end breaks a between-steps rule, that violation (the flag says the log is
+    whole, so its end is a step boundary)."""
     count, unit = periods
     under = extras.under() or (" under the policy its header declares" if declared else "")
-    print(f"OK {args.file}: {events} events, {count} {unit} conform to the spec{under}")
+    conform = f"{events} events, {count} {unit} conform to the spec{under}"
     source = "profile" if extras.named is not None else "header" if declared else "idealised"
     args.verdict.update(
-        verdict="pass", events=events, **{unit: count}, policy=source, idle_at_end=idle
+        verdict="pass",
+        events=events,
+        **{unit: count},
+        policy=source,
+        idle_at_end=end.idle,
+        waiting_at_end=list(end.waiting),
+        running_at_end=list(end.running),
     )
-    if not idle:
-        if args.require_idle:
-            print(f"FAIL {args.file}: the log ends with work still running (--require-idle)")
-            args.verdict["verdict"] = "incomplete"
-            return 1
-        print(f"warning: {args.file}: the log ends with work still running (incomplete log?)")
+    if end.idle:
+        print(f"OK {args.file}: {conform}")
+        return 0
+    if args.require_idle:
+        if end.unjudged is not None:
+            return _violated(args, "end", end.unjudged, (events, count, unit))
+        print(
+            f"FAIL {args.file}: {conform}, but the log ends with work still running "
+            f"(--require-idle): {end.left()}"
+        )
+        args.verdict["verdict"] = "incomplete"
+        return 1
+    print(f"OK {args.file}: {conform}")
+    print(
+        f"warning: {args.file}: the log ends with work still running (incomplete log?): "
+        f"{end.left()}"
+    )
+    if end.unjudged is not None:
+        first = str(end.unjudged).splitlines()[0]
+        print(
+            f"warning: {args.file}: not judged at its end, which may be a cut inside a step "
+            f"or its update phase: {first} (--require-idle judges it)"
+        )
+        args.verdict["unjudged_at_end"] = {
+            "rule": str(end.unjudged.rule),
+            "message": str(end.unjudged),
+        }
     return 0
 
 
-def _violated(args: argparse.Namespace, where: object, violation: SpecViolation) -> int:
+def _violated(
+    args: argparse.Namespace,
+    where: object,
+    violation: SpecViolation,
+    counted: tuple[int, int, str],
+) -> int:
+    """Exit 1, the violation printed and in the verdict (`counted`: the events and rounds or
+    steps that conformed before it, and the unit)."""
     print(f"FAIL {args.file}:{where}: {violation}")
     args.verdict.update(
-        verdict="violation", rule=str(violation.rule), line=where, message=str(violation)
+        verdict="violation",
+        rule=str(violation.rule),
+        line=where,
+        message=str(violation),
+        **_counts(counted),
+        **_event_fields(violation),
     )
     return 1
 

@@ -31,4 +31,16 @@ def parse_json(text: str) -> Any:
         raise json.JSONDecodeError(f"a number longer than {limit} digits", text, 0) from None
 
 
-__all__ = ["NESTED_TOO_DEEPLY", "parse_json"]
+def not_json_detail(line: str, err: json.JSONDecodeError) -> str:
+    """What a log line that is not JSON is told: the parser's message, and, when the line opens
+    an object it never closes, that the log may have been cut while it was written (an engine
+    killed mid-line)."""
+    text = line.strip()
+    cut = text.startswith("{") and not text.endswith("}") and err.msg != NESTED_TOO_DEEPLY
+    hint = (
+        "; the line opens an object it never closes: a log cut while it was written?" if cut else ""
+    )
+    return f"not JSON: {err.msg}{hint}"
+
+
+__all__ = ["NESTED_TOO_DEEPLY", "not_json_detail", "parse_json"]

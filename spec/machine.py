@@ -362,6 +362,11 @@ class SpecMachine(MachineBase[Event, Rule]):
         """No queued and no running request."""
         return not self._queue and not self._running
 
+    def unfinished_ids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The ids of the requests still queued and of those active (admitted or running),
+        each in its order: what a log that ends here leaves unfinished."""
+        return tuple(self._queue), tuple(self._running)
+
     def outputs(self) -> dict[str, tuple[int, ...]]:
         """Output of every finished request (`finished_output`)."""
         st = self.state()

@@ -38,7 +38,7 @@ from spec.events import (
     KvAllocated,
     StepResult,
 )
-from spec.json_text import parse_json
+from spec.json_text import not_json_detail, parse_json
 from spec.profile import DllmAdmission, DllmPolicy
 
 
@@ -555,7 +555,7 @@ def _record(line: str, no: int) -> dict[str, Any]:
     try:
         data = parse_json(line)
     except json.JSONDecodeError as err:
-        raise TraceFormatError(no, f"not JSON: {err.msg}") from None
+        raise TraceFormatError(no, not_json_detail(line, err)) from None
     if not isinstance(data, dict):
         raise TraceFormatError(no, "each line must be a JSON object")
     return data

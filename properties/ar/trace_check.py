@@ -4,8 +4,12 @@ The log is read one line at a time and replayed into an `ArSpecMachine` with inc
 invariant checks (time proportional to what each event changed; finished requests retired), so
 a log of millions of events is checked in constant memory. The between-steps invariants are
 checked at every step boundary: before the first scheduling-phase event of a step and at the
-end of the log. The first violation is reported with its line number. A log that ends with
-requests still waiting or running is reported as such (`idle_at_end`), not as a violation.
+end of a log that ends idle. The first violation is reported with its line number. A log that
+ends with requests still waiting or running is reported as such (`idle_at_end`, the requests
+in `waiting_ids` / `running_ids`), not as a violation: it may have been cut inside a step or
+its update phase (a block freed, its request's `ArFinished` not yet written), where the
+between-steps invariants do not hold yet, so what they would say there is kept apart
+(`unjudged_at_end`), not a verdict.
 
 Configuration: the trace's header wins. `config` (a CLI's `--config`) is used only for a trace
 without a header; given both, they must agree, else a `ConfigError` names the difference. The
@@ -56,6 +60,12 @@ class ArTraceResult:
     # with `keep`: per request whose stop was sampled (`ArSubmitted.stop_sampled`) and that
     # finished with reason stop, its outputs then (what a scripted replay sets as `stop_after`)
     sampled_stops: dict[str, int] = dataclasses.field(default_factory=dict)
+    # a log that conformed: the requests it leaves waiting and running
+    waiting_ids: tuple[str, ...] = ()
+    running_ids: tuple[str, ...] = ()
+    # a log that ends with work left: the between-steps violation its end would be, were it a
+    # step boundary (it may be a cut inside a step), reported as a warning, not a verdict
+    unjudged_at_end: SpecViolation | None = None
 
     @property
     def ok(self) -> bool:
@@ -148,23 +158,32 @@ def check_ar_trace(
                     if event.reason is ArFinishReason.STOP:
                         stops[event.request_id] = machine.num_output(event.request_id)
             count += 1
+        idle = machine.is_idle()
+        unjudged: SpecViolation | None = None
         try:
             machine.check_invariants(between_steps=True)
         except SpecViolation as v:
-            return ArTraceResult(path, count, machine.step_index, v, None, False, 0, 0, cfg, pol)
-        state_waiting, state_running = machine.queue_sizes()
+            if idle:  # the log's end is a step boundary: nothing of a step is left out
+                return ArTraceResult(
+                    path, count, machine.step_index, v, None, False, 0, 0, cfg, pol
+                )
+            unjudged = v
+        waiting, running = machine.unfinished_ids()
         return ArTraceResult(
             path,
             count,
             machine.step_index,
             None,
             None,
-            machine.is_idle(),
-            state_waiting,
-            state_running,
+            idle,
+            len(waiting),
+            len(running),
             cfg,
             pol,
             stops,
+            waiting,
+            running,
+            unjudged,
         )
 
 

@@ -267,6 +267,11 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         """(waiting, running) request counts."""
         return len(self._waiting), len(self._running)
 
+    def unfinished_ids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The ids of the waiting requests and of the running ones, each in its order: what a
+        log that ends here leaves unfinished."""
+        return tuple(self._waiting), tuple(self._running)
+
     def request_phase(self, request_id: str) -> ArPhase | None:
         """The request's phase, also after it ended; None for an id never submitted."""
         r = self._requests.get(request_id)

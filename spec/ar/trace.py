@@ -29,7 +29,7 @@ from spec.ar.config import AdmissionOrder, ArConfig, ArRules, Policy, VictimOrde
 from spec.ar.events import AR_EVENT_BY_KIND, ArEvent, ArFinishReason
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError
-from spec.json_text import parse_json
+from spec.json_text import not_json_detail, parse_json
 from spec.trace import (
     WRITER,
     TraceFormatError,
@@ -334,7 +334,7 @@ class ArTraceReader:
             try:
                 data = parse_json(line)
             except json.JSONDecodeError as err:
-                raise TraceFormatError(self._line_no, f"not JSON: {err.msg}") from None
+                raise TraceFormatError(self._line_no, not_json_detail(line, err)) from None
             if not isinstance(data, dict):
                 raise TraceFormatError(self._line_no, "each line must be a JSON object")
             if line.count(":") != len(data) and (key := duplicate_key(line, data)) is not None:
