@@ -18,6 +18,7 @@ from properties.raised import describe_raised
 from reference.algorithms import ALGORITHMS
 from reference.sim import workload as wl
 from reference.sim.bounds import in_rate, in_seconds, rate_text, seconds_text
+from reference.sim.catalog import LIGHTLLM_SCHEDULERS, VIDUR_MAX_WAITING_ITERS
 from reference.sim.errors import SimConfigError
 from reference.sim.exec_model import parse_model
 from schedspec_cli.args import Parser, flag_of, int_in, positive, refuse_ignored
@@ -25,7 +26,7 @@ from schedspec_cli.loader import load_object
 from schedspec_cli.output import check_output_path, write_json
 from schedspec_cli.plots import require_matplotlib
 from schedspec_cli.progress import Progress
-from spec.ar.config import ArConfig
+from spec.ar.config import MAX_BLOCKS, ArConfig
 from spec.errors import ConfigError, SchedSpecError
 
 if TYPE_CHECKING:
@@ -100,9 +101,17 @@ _GENERATED = ("arrivals", "qps", "burst", "requests", "prefill", "decode")
 
 def _workload(args: argparse.Namespace) -> wl.Workload:
     """The trace (--trace-csv) or the generated workload; a generator flag given together with
-    a trace is refused rather than ignored."""
+    a trace, or --burst without --arrivals bursts, is refused rather than ignored, and so is an
+    empty --trace-csv (an unset shell variable), rather than read as no trace."""
     given = {name: getattr(args, name) for name in _GENERATED if getattr(args, name) is not None}
-    if args.trace_csv:
+    if args.trace_csv is not None and not args.trace_csv.strip():
+        raise SimConfigError(
+            "--trace-csv",
+            args.trace_csv,
+            "the path of a trace CSV (an empty path names no file); leave --trace-csv out for "
+            "a generated workload",
+        )
+    if args.trace_csv is not None:
         if given:
             first = next(iter(given))
             raise SimConfigError(
@@ -113,6 +122,13 @@ def _workload(args: argparse.Namespace) -> wl.Workload:
             )
         return wl.read_trace(args.trace_csv)
     g = {**args.generated_defaults, **given}
+    if "burst" in given and g["arrivals"] != "bursts":
+        raise SimConfigError(
+            "--burst",
+            args.burst,
+            f"only with --arrivals bursts (the requests of one burst; --arrivals {g['arrivals']} "
+            f"has no bursts)",
+        )
     pre = wl.Lengths.parse(g["prefill"], "--prefill")
     dec = wl.Lengths.parse(g["decode"], "--decode")
     if g["arrivals"] == "poisson":
@@ -125,9 +141,9 @@ def _workload(args: argparse.Namespace) -> wl.Workload:
 
 
 def _add_workload(
-    p: argparse.ArgumentParser, qps: float, requests: int, prefill: str, decode: str
+    p: argparse.ArgumentParser, qps: float, requests: int, prefill: str, decode: str, seed: str
 ) -> None:
-    p.add_argument("--trace-csv", help="a Vidur trace CSV (else a generated workload)")
+    p.add_argument("--trace-csv", help=TRACE_CSV_HELP)
     p.add_argument("--arrivals", choices=("poisson", "bursts", "fixed"), help="default poisson")
     p.add_argument("--qps", type=_rate, help=f"default {qps:g}")
     p.add_argument(
@@ -136,7 +152,7 @@ def _add_workload(
     p.add_argument("--requests", type=positive(MAX_SIM_REQUESTS), help=f"default {requests}")
     p.add_argument("--prefill", help=f"prompt tokens: N or LOW-HIGH (default {prefill})")
     p.add_argument("--decode", help=f"output tokens: N or LOW-HIGH (default {decode})")
-    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=SEED_HELP)
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=seed)
     p.set_defaults(
         generated_defaults={
             "arrivals": "poisson",
@@ -165,7 +181,39 @@ MAX_SIM_REQUESTS = 10_000_000
 MAX_SIM_REQUEST_BLOCKS = 100_000  # generated blocks per request; a prompt's blocks likewise
 MAX_SIM_SEATS = 4096
 
-SEED_HELP = "the seed of every random draw (arrivals, lengths, forwards per block; default 0)"
+DLLM_SEED_HELP = (
+    "the seed of every random draw (forwards per block; with --profile-order sample, the "
+    "profiles; default 0)"
+)
+SBS_SEED_HELP = (
+    "the seed of every random draw (the generated workload's arrivals and lengths, the "
+    "gated-queueing model's arrivals; default 0)"
+)
+REPLICAS_SEED_HELP = (
+    "the seed of every random draw (the generated workload's arrivals and lengths, "
+    "--global-scheduler random; default 0)"
+)
+SWEEP_SEED_HELP = (
+    "the seed of every random draw (each point's arrivals and lengths, --global-scheduler "
+    "random; default 0)"
+)
+TRACE_CSV_HELP = (
+    "serve this trace CSV instead of a generated workload: columns arrived_at,"
+    "num_prefill_tokens,num_decode_tokens (seconds from the trace's start, tokens; "
+    "microsoft/vidur GitHub main's trace format). Not the Date,Time,PromptTokenCount,"
+    "CompletionTokenCount traces that Vidur 0.0.25 and 0.0.26 replay; and every row is served "
+    "as it is, where Vidur's replay trims a prompt so that prompt plus output fits its "
+    "max_tokens (4096)"
+)
+MAX_MODEL_LEN_HELP = (
+    "the longest request (prompt plus output) an AR scheduler admits; Orca and "
+    "FasterTransformer reserve this many tokens of KV blocks per request, so their figures "
+    "depend on it (Vidur reserves its request generator's max_tokens, 4096 by default)"
+)
+MAX_WAITING_ITERS_HELP = (
+    "LightLLM's decode batches between prefill attempts (vidur-lightllm%(own)s only; default "
+    "%(default)s, Vidur's LightllmSchedulerConfig default)"
+)
 EXEC_MODEL_HELP = (
     "forward-time model: 'const:SECONDS', 'linear:BASE,PER_PREFILL,PER_DECODE[,PER_KV]', "
     "'roofline:MODEL@DEVICE[xPARALLEL]' or 'table:PATH.json' (default %(default)s)"
@@ -239,7 +287,7 @@ def build_parser() -> Parser:
         type=_cost_seconds,
         help="seconds per round that allocates (default 0.0015)",
     )
-    d.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=SEED_HELP)
+    d.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=DLLM_SEED_HELP)
     d.add_argument(
         "--calibration",
         help="a calibration table (scripts/calibrate_dllm.py): per-mode forward and round "
@@ -288,7 +336,7 @@ def build_parser() -> Parser:
         default=32,
         help="units of the decode instance (default %(default)s)",
     )
-    _add_workload(s, 120.0, 6000, "256-4096", "64-512")
+    _add_workload(s, 120.0, 6000, "256-4096", "64-512", SBS_SEED_HELP)
     _add_outputs(s)
 
     r = sub.add_parser("replicas", help="replica-level simulation (Vidur tiers)")
@@ -327,7 +375,21 @@ def build_parser() -> Parser:
         default=4096,
         help="prompt tokens a replica step takes at most (the token budget; default %(default)s)",
     )
-    _add_workload(r, 10.0, 2000, "64-1024", "16-256")
+    r.add_argument(
+        "--max-model-len",
+        type=positive(10**8),
+        default=None,
+        help=f"{MAX_MODEL_LEN_HELP} (default: the workload's longest request; not with "
+        "--scheduler simple, which has no such limit)",
+    )
+    r.add_argument(
+        "--max-waiting-iters",
+        type=int_in(1, 10**6),
+        default=None,
+        help=MAX_WAITING_ITERS_HELP
+        % {"own": ", or an AR factory's ArConfig,", "default": VIDUR_MAX_WAITING_ITERS},
+    )
+    _add_workload(r, 10.0, 2000, "64-1024", "16-256", REPLICAS_SEED_HELP)
     _add_outputs(r)
     _add_sweep(sub)
     return ap
@@ -384,10 +446,10 @@ def _add_sweep(sub: Any) -> None:
     )
     w.add_argument(
         "--max-model-len",
-        type=positive(10**9),
+        type=positive(10**8),
         default=None,
-        help="the longest request (prompt plus output) an AR scheduler admits (default 1280; "
-        "not with --scheduler simple alone, which has no such limit)",
+        help=f"{MAX_MODEL_LEN_HELP} (default 1280; not with --scheduler simple alone, which "
+        "has no such limit)",
     )
     w.add_argument("--exec-model", default="roofline:llama3-8b@h100", help=EXEC_MODEL_HELP)
     w.add_argument(
@@ -396,7 +458,13 @@ def _add_sweep(sub: Any) -> None:
         choices=("round_robin", "lor", "random"),
         help=GLOBAL_SCHEDULER_HELP,
     )
-    w.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=SEED_HELP)
+    w.add_argument(
+        "--max-waiting-iters",
+        type=int_in(1, 10**6),
+        default=None,
+        help=MAX_WAITING_ITERS_HELP % {"own": "", "default": VIDUR_MAX_WAITING_ITERS},
+    )
+    w.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help=SWEEP_SEED_HELP)
     w.add_argument(
         "--backend",
         default="ray",
@@ -456,6 +524,15 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
             args.max_model_len,
             "left out with --scheduler simple (it admits any length that fits its KV tokens)",
         )
+    if args.max_waiting_iters is None:
+        args.max_waiting_iters = VIDUR_MAX_WAITING_ITERS
+    elif not set(schedulers) & set(LIGHTLLM_SCHEDULERS):  # it would be ignored: refuse it
+        refuse_ignored(
+            args,
+            ["max_waiting_iters"],
+            f"only with a --scheduler list that has {' or '.join(LIGHTLLM_SCHEDULERS)} "
+            "(LightLLM's setting)",
+        )
     _sweep_backend_flags(args)
     rates = _floats("--qps", args.qps)
     for rate in rates:
@@ -479,6 +556,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
         exec_model=args.exec_model,
         global_scheduler=args.global_scheduler,
         seed=args.seed,
+        max_waiting_iters=args.max_waiting_iters,
     )
     if args.num_cpus is not None and args.num_cpus < 1:
         raise SimConfigError("--num-cpus", args.num_cpus, "an integer >= 1")
@@ -495,7 +573,12 @@ def cmd_sweep(args: argparse.Namespace) -> dict[str, Any]:
             f"e2e p90 {r.e2e_p90:.3f} s ({time.perf_counter() - t0:.1f} s)"
         )
 
-    results = sw.run_grid(points, args.backend, args.address, args.num_cpus, report)
+    try:
+        results = sw.run_grid(points, args.backend, args.address, args.num_cpus, report)
+    except ConfigError as err:
+        if err.field != "kv_tokens":
+            raise
+        raise ConfigError("--kv-tokens", err.value, err.valid) from None
     print(sw.table(results))
     if args.csv:
         sw.write_csv(results, Path(args.csv))
@@ -559,15 +642,32 @@ def _step_distribution(args: argparse.Namespace, cal: Any) -> Any:
     if args.steps is not None:
         # F can be at most one more than the largest block (one token unmasked per forward,
         # then the final-KV forward): a bound that also keeps 'uniform:LO-HI' small
-        return StepDist.parse(args.steps, max_forwards=MAX_SIM_BLOCK_SIZE + 1)
+        dist = StepDist.parse(args.steps, max_forwards=MAX_SIM_BLOCK_SIZE + 1)
+        return _within_block(dist, "--steps", args.steps, args.block_size)
     if args.steps_report is not None:
         try:
-            return StepDist.from_report(Path(args.steps_report), algorithm)
+            dist = StepDist.from_report(Path(args.steps_report), algorithm)
         except SimConfigError as err:
             if err.field != "steps_report":
                 raise
             raise SimConfigError("--steps-report", args.steps_report, err.valid) from None
+        return _within_block(dist, "--steps-report", args.steps_report, args.block_size)
     return StepDist.default(args.block_size, algorithm)
+
+
+def _within_block(dist: Any, flag: str, value: str, block_size: int) -> Any:
+    """`dist` if a block of `block_size` tokens can take each of its forwards per block (at most
+    block_size + 1: one token unmasked per forward, then the final-KV one); else an input error
+    naming `flag`, rather than the run capping those draws at block_size + 1."""
+    over = [f for f in dist.values if f > block_size + 1]
+    if over:
+        raise SimConfigError(
+            flag,
+            value,
+            f"forwards per block from 2 to {block_size + 1} for --block-size {block_size} (a "
+            f"block of B tokens takes at most B + 1 forwards); this has {max(over)}",
+        )
+    return dist
 
 
 # `simulate dllm`'s workload sizes and time model, and the flags that only shape a calibrated
@@ -857,12 +957,20 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
     workload = _workload(args)  # read first: a bad --trace-csv fails before anything prints
     imm = simulate_gated(args.dp_units, args.batch_time, "immediate", seed=args.seed)
     stg = simulate_gated(args.dp_units, args.batch_time, "staggered", seed=args.seed)
+    results = _sbs_deployments(args, workload)  # run before printing: its errors print alone
     print(
         f"gated queueing, N={args.dp_units}, T={args.batch_time}: mean wait immediate "
         f"{imm.mean_wait:.5f} s (T/2 = {imm.formula:.5f}), staggered {stg.mean_wait:.5f} s "
         f"(T/(2N) = {stg.formula:.5f})"
     )
-    results = _sbs_deployments(args, workload)
+    for pol, r in results.items():
+        st = r.summary.stats
+        print(
+            f"{pol:>9}: TTFT mean {st['prefill_e2e_time'].mean:.3f} s p99 "
+            f"{st['prefill_e2e_time'].p99:.3f} s, throughput "
+            f"{r.summary.throughput_tokens:.0f} output tok/s, {r.prefill_forwards} prefill "
+            f"forwards (mean {r.mean_prefill_forward:.3f} s)"
+        )
     out: dict[str, Any] = {
         "dp_units": args.dp_units,
         "batch_time": args.batch_time,
@@ -877,7 +985,7 @@ def cmd_sbs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sbs_deployments(args: argparse.Namespace, w: wl.Workload) -> dict[str, Any]:
-    """The workload under immediate dispatch and under SBS, one summary line each."""
+    """The workload under immediate dispatch and under SBS (`cmd_sbs` prints them)."""
     from reference.sim.sbs import SbsParams, simulate_sbs
 
     results = {}
@@ -889,15 +997,7 @@ def _sbs_deployments(args: argparse.Namespace, w: wl.Workload) -> dict[str, Any]
             decode_units=args.decode_units,
             record=bool(args.trace),
         )
-        r = simulate_sbs(w, params, progress=_progress(pol))
-        results[pol] = r
-        s = r.summary.stats
-        print(
-            f"{pol:>9}: TTFT mean {s['prefill_e2e_time'].mean:.3f} s p99 "
-            f"{s['prefill_e2e_time'].p99:.3f} s, throughput "
-            f"{r.summary.throughput_tokens:.0f} output tok/s, {r.prefill_forwards} prefill "
-            f"forwards (mean {r.mean_prefill_forward:.3f} s)"
-        )
+        results[pol] = simulate_sbs(w, params, progress=_progress(pol))
     return results
 
 
@@ -930,34 +1030,53 @@ def _sbs_outputs(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
     """The replicas `--scheduler` names: `SimpleReplica`, a scheduler of the simulator's
-    catalog (`reference.sim.catalog`, as `simulate sweep` builds them, with max_model_len the
-    workload's longest request), or an AR factory through `ArReplica`."""
+    catalog (`reference.sim.catalog`, as `simulate sweep` builds them, with max_model_len
+    `--max-model-len` or else the workload's longest request, and LightLLM's
+    `--max-waiting-iters`), or an AR factory through `ArReplica`. A flag the scheduler would
+    not read is refused, and a configuration error names the flag."""
     from reference.sim.catalog import SCHEDULERS, ReplicaSpec
     from reference.sim.replica import SimpleReplica
 
+    totals = workload.prefill + workload.decode
+    longest_at = int(totals.argmax()) if len(totals) else -1
+    longest = int(totals[longest_at]) if len(totals) else 1
     if args.scheduler == "simple":
+        given = [n for n in ("max_model_len", "max_waiting_iters") if getattr(args, n) is not None]
+        refuse_ignored(args, given, "not with --scheduler simple (it has no such setting)")
         return [
             SimpleReplica(args.max_batch, args.kv_tokens, args.max_prefill_tokens)
             for _ in range(args.replicas)
         ]
+    lightllm_or_own = args.scheduler in LIGHTLLM_SCHEDULERS or args.scheduler not in SCHEDULERS
+    if args.max_waiting_iters is not None and not lightllm_or_own:
+        refuse_ignored(
+            args,
+            ["max_waiting_iters"],
+            f"only with --scheduler {' or '.join(LIGHTLLM_SCHEDULERS)} (LightLLM's setting) "
+            "or an AR factory of your own (its ArConfig.max_waiting_iters)",
+        )
+    max_model_len = args.max_model_len if args.max_model_len is not None else longest
+    if args.max_model_len is not None and args.max_model_len < longest:
+        where = workload.where(longest_at)
+        raise SimConfigError(
+            "--max-model-len",
+            args.max_model_len,
+            f"at least {longest}, the workload's longest request (prompt plus output: request "
+            f"#{longest_at}{f', {where}' if where else ''}), which could never run otherwise",
+        )
     if args.scheduler in SCHEDULERS:
-        totals = workload.prefill + workload.decode
-        longest = int(totals.max()) if len(totals) else 1
         spec = ReplicaSpec(
-            args.scheduler, args.kv_tokens, args.max_batch, args.max_prefill_tokens, longest
+            args.scheduler,
+            args.kv_tokens,
+            args.max_batch,
+            args.max_prefill_tokens,
+            max(max_model_len, 2),
+            args.max_waiting_iters or VIDUR_MAX_WAITING_ITERS,
         )
         try:
             make = spec.factory()  # validates the configuration
         except ConfigError as err:
-            if err.field != "max_num_batched_tokens":
-                raise
-            # in the command's own terms: a whole prompt must fit one batch
-            raise SimConfigError(
-                "--max-prefill-tokens",
-                args.max_prefill_tokens,
-                f"at least {longest} (the workload's longest request) for {args.scheduler}, "
-                f"which does not chunk prefills; or a scheduler that does (vidur-sarathi)",
-            ) from None
+            raise _replica_config_error(err, args, max_model_len) from None
         return [make() for _ in range(args.replicas)]
     try:
         factory = load_object(args.scheduler, "scheduler")
@@ -968,14 +1087,63 @@ def make_replicas(args: argparse.Namespace, workload: Any) -> list[Any]:
             f"'simple', one of {', '.join(SCHEDULERS[1:])}, or an importable "
             f"'module:factory'; this is not {err.valid}",
         ) from None
-    cfg = ArConfig(
-        block_size=16,
-        num_blocks=args.kv_tokens // 16 + 1,
-        max_num_batched_tokens=args.max_prefill_tokens,
-        max_num_seqs=args.max_batch,
-        max_model_len=args.kv_tokens // 2,
-    )
+    if not 2 <= args.kv_tokens // 16 + 1 <= MAX_BLOCKS:  # the spec's range of pool blocks
+        raise SimConfigError(
+            "--kv-tokens",
+            args.kv_tokens,
+            f"16 to {MAX_BLOCKS * 16 - 1} tokens for an AR factory (1 to {MAX_BLOCKS - 1} KV "
+            f"blocks of 16 tokens)",
+        )
+    try:
+        cfg = ArConfig(
+            block_size=16,
+            num_blocks=args.kv_tokens // 16 + 1,
+            max_num_batched_tokens=args.max_prefill_tokens,
+            max_num_seqs=args.max_batch,
+            max_model_len=args.max_model_len or max(args.kv_tokens // 2, 2),
+            max_waiting_iters=args.max_waiting_iters or VIDUR_MAX_WAITING_ITERS,
+        )
+    except ConfigError as err:
+        raise _replica_config_error(err, args, max_model_len) from None
     return [_custom_replica(args.scheduler, factory, cfg) for _ in range(args.replicas)]
+
+
+def _replica_config_error(err: ConfigError, args: argparse.Namespace, longest: int) -> Exception:
+    """A replica configuration error in `simulate replicas`' own terms: the flag it came from
+    (or the workload, for max_model_len), with what the flag may be."""
+    if err.field == "max_num_batched_tokens" and "max_model_len" in err.valid:
+        # chunked prefill off: a whole request must fit one batch
+        whose = (
+            "--max-model-len"
+            if args.max_model_len is not None
+            else "the workload's longest request"
+        )
+        return SimConfigError(
+            "--max-prefill-tokens",
+            args.max_prefill_tokens,
+            f"at least {longest} ({whose}) for {args.scheduler}, which does not chunk "
+            f"prefills; or a scheduler that does (vidur-sarathi)",
+        )
+    flags = {
+        "kv_tokens": "--kv-tokens",
+        "num_blocks": "--kv-tokens",
+        "max_num_batched_tokens": "--max-prefill-tokens",
+        "max_num_seqs": "--max-batch",
+        "max_model_len": "--max-model-len",
+        "max_waiting_iters": "--max-waiting-iters",
+    }
+    flag = flags.get(err.field)
+    if flag is None:
+        return err
+    value = getattr(args, flag[2:].replace("-", "_"))
+    if err.field == "max_model_len" and args.max_model_len is None:
+        return SimConfigError(
+            "workload",
+            f"longest request {longest} tokens",
+            f"max_model_len {err.valid} (the workload's longest request sets it; give "
+            f"--max-model-len, or shorter requests)",
+        )
+    return SimConfigError(flag, value, err.valid)
 
 
 def _custom_replica(target: str, factory: object, config: ArConfig) -> ArReplica:
@@ -1057,7 +1225,7 @@ def _replica_plots(scheduler: str, res: Any, d: Path) -> None:
                 for k in (
                     "request_e2e_time",
                     "prefill_e2e_time",
-                    "decode_time_execution_plus_preemption_normalized",
+                    "time_per_output_token",
                 )
             }
         },

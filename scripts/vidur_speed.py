@@ -12,7 +12,8 @@ Vidur runs with its execution-time predictor replaced by a constant 50 ms per ba
 profiling data or model training is needed and both simulators do the same work per batch),
 metrics writing off, 4096 KV blocks of 16 tokens, batch_size_cap 32, a 2,048-token budget
 (vLLM's and LightLLM's max_tokens_in_batch, Sarathi's chunk size), LightLLM's
-max_waiting_iters 4 and block size 1 (as the simulator's `vidur-lightllm`) and round-robin.
+max_waiting_iters 4 (scripts/bench_sim_speed.py runs the simulator's `vidur-lightllm` with 4
+too; both default to Vidur's 10 otherwise) and block size 1 and round-robin.
 
 PyPI's vidur 0.0.26 ships vLLM, Orca and Sarathi only. LightLLM and FasterTransformer are in
 microsoft/vidur's GitHub main, whose configuration differs (no CacheConfig: block size and pool

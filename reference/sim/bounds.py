@@ -17,6 +17,25 @@ MIN_BATCH_SECONDS = 1e-9
 MAX_SECONDS = 3600.0
 MIN_RATE = 1e-6
 MAX_RATE = 1e9
+# A request's prompt or output tokens at most: no KV pool the simulator takes holds more
+# (`--kv-tokens` is at most 10**10), and sums over ten million such requests stay far inside
+# int64 (a count past 2**63 wrapped round to a negative max_model_len).
+MAX_REQUEST_TOKENS = 10**10
+
+# The simulated clock is float64 seconds: at time t it resolves steps of ulp(t) <= t * 2**-52,
+# and a batch that starts at t ends at the float nearest t + dt, off by up to ulp(t) / 2 (at
+# t = 1e16 s a 0.5 s batch is lost entirely: 1e16 + 0.5 == 1e16). An arrival is therefore held
+# to t <= smallest step * 2**(52 - CLOCK_RESOLUTION_BITS): up to there, every batch end is
+# rounded by at most 2**-21 (about half a millionth) of the run's smallest time step, so a
+# million batches in a row drift by at most half of one. For a 6 ms batch (a one-token decode
+# of Llama-3-8B on an H100, the default time model) that is 2.6e7 s, about ten months.
+CLOCK_RESOLUTION_BITS = 20
+
+
+def latest_arrival(min_step: float) -> float:
+    """The latest arrival time (seconds) of a run whose smallest time step is `min_step`
+    seconds (`CLOCK_RESOLUTION_BITS`)."""
+    return min_step * 2.0 ** (52 - CLOCK_RESOLUTION_BITS)
 
 
 def seconds_text(positive: bool) -> str:

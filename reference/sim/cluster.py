@@ -27,8 +27,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from reference.sim.errors import SimConfigError, TimeWentBackwards
-from reference.sim.exec_model import ExecModel
+from reference.sim.errors import SimConfigError, TimeWentBackwards, Unschedulable
+from reference.sim.exec_model import ExecModel, min_batch_seconds
 from reference.sim.metrics import RequestMetrics, Summary, summarize
 from reference.sim.replica import BatchPlan, ReplicaScheduler
 from reference.sim.workload import Workload
@@ -379,11 +379,18 @@ def simulate_cluster(
     fuse: bool = True,
 ) -> ClusterResult:
     """Run `workload` over `replicas` (see the module doc). `fuse` lets replicas that offer
-    `decode_stretch` run pure-decode stretches as one event (identical results, tested)."""
+    `decode_stretch` run pure-decode stretches as one event (identical results, tested).
+    Arrivals later than the clock resolves `model`'s shortest batch are refused
+    (`Workload.check_clock`); a request that can never run raises `Unschedulable` naming its
+    trace line when it has one."""
     if not replicas:
         raise SimConfigError("replicas", 0, "at least one replica")
+    workload.check_clock(min_batch_seconds(model), "its shortest batch")
     router = make_router(global_scheduler, replicas, len(workload), seed)
     sim = ClusterSim(
         workload, replicas, model, router, record_batches, kv_sample_interval, record_events, fuse
     )
-    return sim.run(progress)
+    try:
+        return sim.run(progress)
+    except Unschedulable as err:  # name the request's trace line, if it came from a trace
+        raise err.locate(workload.where(err.request)) from None

@@ -17,12 +17,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
-from reference.sim.bounds import check_seconds
+from reference.sim.bounds import MAX_SECONDS, MIN_BATCH_SECONDS, check_seconds, seconds_text
 from reference.sim.errors import SimConfigError, reason_of
 from spec.input_file import read_input_text
 from spec.json_text import parse_json
@@ -224,9 +224,12 @@ TABLE_SHAPE = '{"points": [[tokens, seconds], ...]} or a bare list of [tokens, s
 @dataclass(frozen=True)
 class Table:
     """Piecewise-linear in batch tokens (prefill + decode), calibrated from measured round times;
-    extrapolated with the end segments' slopes, never below the smallest measured time."""
+    extrapolated with the end segments' slopes, never below the smallest measured time. A batch
+    the last segment extrapolates past `MAX_SECONDS` (an hour) raises `SimConfigError` naming
+    the table (`source`), rather than being run with a time out of the simulator's range."""
 
     points: tuple[tuple[float, float], ...]  # (tokens, seconds), tokens strictly increasing
+    source: str = field(default="table", compare=False)  # 'table:PATH' when loaded from a file
 
     def __post_init__(self) -> None:
         pts = self.points
@@ -239,12 +242,14 @@ class Table:
                 raise SimConfigError("points", pts, "token counts strictly increasing")
 
     @classmethod
-    def from_measurements(cls, samples: Sequence[tuple[float, float]]) -> Table:
+    def from_measurements(
+        cls, samples: Sequence[tuple[float, float]], source: str = "table"
+    ) -> Table:
         """Average repeated measurements of the same token count."""
         acc: dict[float, list[float]] = {}
         for x, y in samples:
             acc.setdefault(float(x), []).append(float(y))
-        return cls(tuple((x, sum(v) / len(v)) for x, v in sorted(acc.items())))
+        return cls(tuple((x, sum(v) / len(v)) for x, v in sorted(acc.items())), source)
 
     @classmethod
     def load(cls, path: Path) -> Table:
@@ -264,7 +269,7 @@ class Table:
             pairs = []
         if not pairs:
             raise SimConfigError("exec_model", where, f"a table: {TABLE_SHAPE}, at least one")
-        return cls.from_measurements(pairs)
+        return cls.from_measurements(pairs, where)
 
     def batch_time(
         self, prefill_tokens: int, decode_tokens: int, kv_tokens: int = 0, attn_pairs: int = 0
@@ -289,7 +294,33 @@ class Table:
                     hi = mid
             (x0, y0), (x1, y1) = pts[lo], pts[hi]
         y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        if y > MAX_SECONDS:  # extrapolated beyond the points: out of the simulator's range
+            raise SimConfigError(
+                "exec_model",
+                self.source,
+                f"a table whose batch times stay {seconds_text(True)}: an end segment "
+                f"extrapolates a batch of {int(x)} tokens to {y:.4g} s; add measured points "
+                f"that cover {int(x)} tokens",
+            )
         return max(y, min(p[1] for p in pts))
+
+
+def min_batch_seconds(model: ExecModel) -> float:
+    """The shortest batch `model` can take (seconds): a lower bound over every non-empty batch,
+    which sets how late arrivals may come (`bounds.latest_arrival`). `Constant`: its seconds;
+    `Linear`: base plus the cheaper per-token cost; `Table`: its smallest measured time (it never
+    goes below it); otherwise (`Roofline`, a model of your own) the cheaper of a one-token
+    prefill and a one-token decode with nothing cached, never below `MIN_BATCH_SECONDS`."""
+    if isinstance(model, Constant):
+        return model.seconds
+    if isinstance(model, Linear):
+        return model.base + min(model.per_prefill_token, model.per_decode_token)
+    if isinstance(model, Table):
+        return min(y for _, y in model.points)
+    shortest = min(model.batch_time(0, 1), model.batch_time(1, 0))
+    return (
+        shortest if math.isfinite(shortest) and shortest > MIN_BATCH_SECONDS else MIN_BATCH_SECONDS
+    )
 
 
 SYNTAX = {

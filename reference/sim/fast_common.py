@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sized
 
-from reference.sim.errors import RequestRefused
+from reference.sim.errors import NeverAdmitted, RequestRefused, watermark_stall
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.errors import RequestError
 
@@ -22,6 +22,7 @@ class FastReplicaCore:
     waiting: Sized
     running: Sized
 
+    name: str = "fast replica"  # the scheduler's catalog name, for messages
     watermark_fraction: float = 0.0  # a new request leaves this share of the usable blocks free
 
     def __init__(self, config: ArConfig) -> None:
@@ -48,6 +49,30 @@ class FastReplicaCore:
             validate_ar_request(self.config, ArRequest(str(req), prefill, decode))
         except RequestError as err:
             raise RequestRefused(req, prefill + decode, str(err)) from None
+
+    def _stalled(self, head: tuple[int, int] | None) -> NeverAdmitted:
+        """The error of a batch that runs, restarts and finishes nothing: nothing runs, and the
+        head of the queue, `head` = (request, tokens of its prefill), is not admitted. With a
+        watermark that is Vidur's admission (`watermark_stall`); otherwise no configuration the
+        spec accepts gets here (`validate_ar_request` refuses what could never fit)."""
+        cfg = self.config
+        req, tokens = head if head is not None else (-1, 0)
+        if (
+            head is not None
+            and self.watermark
+            and -(-tokens // self.bs) > cfg.usable_blocks - self.watermark
+        ):
+            return watermark_stall(
+                req, tokens, self.bs, cfg.usable_blocks, self.watermark_fraction, self.name
+            )
+        return NeverAdmitted(
+            req,
+            tokens,
+            self.name,
+            f"nothing runs and its admission refuses this request, the head of its queue, with "
+            f"{self.outstanding()} request(s) outstanding and {self.free} of "
+            f"{cfg.usable_blocks} KV blocks free (a simulator bug: please report it)",
+        )
 
     def kv_used(self) -> int:
         """KV tokens in allocated blocks: (usable - free blocks) * block size."""

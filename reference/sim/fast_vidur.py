@@ -28,7 +28,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from reference.ar.vidur import WATERMARK_FRACTION
-from reference.sim.errors import Unschedulable
 from reference.sim.fast_common import FastReplicaCore
 from reference.sim.replica import BatchPlan
 from spec.ar.config import ArConfig
@@ -69,14 +68,9 @@ class _DecodeCounter(FastReplicaCore):
             return None
         self._new = []
         plan = self._batch()
-        if plan.seqs == 0:
-            raise Unschedulable(
-                -1,
-                0,
-                self.kv_capacity,
-                f"resources: the {self.name} scheduler made no progress with "
-                f"{self.outstanding()} request(s) outstanding",
-            )
+        if plan.seqs == 0:  # nothing runs: the head of the queue is never admitted
+            h = self.waiting[0] if self.waiting else None
+            raise self._stalled((h.req, h.prompt) if h else None)
         return plan
 
     def _batch(self) -> BatchPlan:  # pragma: no cover - subclasses decide
@@ -521,9 +515,13 @@ class FastVidurSarathi(FastReplicaCore):
     def _prefill_left(self, r: _SReq) -> int:
         return r.known - r.computed
 
+    def _prefill_tokens(self, r: _SReq) -> int:
+        """The tokens a new (or restarted) request is allocated blocks for: all it knows."""
+        return r.known
+
     def _new_blocks(self, r: _SReq) -> int:
-        """Blocks a new (or restarted) request is allocated: all it knows."""
-        return -(-r.known // self.bs)
+        """Blocks a new (or restarted) request is allocated."""
+        return -(-self._prefill_tokens(r) // self.bs)
 
     def _stretch_free(self) -> int:
         """Free blocks a decode stretch may take without a restart in it."""
@@ -598,14 +596,9 @@ class FastVidurSarathi(FastReplicaCore):
             else:
                 self._batch_end(r)
                 order.append(r)
-        if not decodes and not chunks and not restarted:
-            raise Unschedulable(
-                -1,
-                0,
-                self.kv_capacity,
-                f"resources: the {self.name} scheduler made no progress with "
-                f"{self.outstanding()} request(s) outstanding",
-            )
+        if not decodes and not chunks and not restarted:  # the head is never admitted
+            h = self.waiting[0] if self.waiting else None
+            raise self._stalled((h.req, self._prefill_tokens(h)) if h else None)
         self._result = (first, done, restarted)
         return BatchPlan(pre, dec, kv, pairs, len(decodes) + len(chunks))
 
@@ -710,8 +703,8 @@ class FastVidurSarathiReleased(FastVidurSarathi):
     def _prefill_left(self, r: _SReq) -> int:
         return r.prefill - r.computed
 
-    def _new_blocks(self, r: _SReq) -> int:
-        return -(-r.prefill // self.bs)
+    def _prefill_tokens(self, r: _SReq) -> int:
+        return r.prefill
 
     def _stretch_free(self) -> int:
         return self.free - 1

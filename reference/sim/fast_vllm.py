@@ -18,9 +18,12 @@ every running request in arrival order; a request needing a block when none is f
 latest-arrived remaining request (or itself), which frees all its blocks and goes back to the head
 of the queue to prefill prompt + outputs so far.
 
-`FastVidurVllmReleased` decides as `reference.ar.vidur_released.VidurVllmReleased` (Vidur's
-releases): a prefill batch's tokens summed against the budget, and a new request admitted only
-when it leaves Vidur's watermark free.
+`FastVidurVllmReleased` decides as `reference.ar.vidur_released.VidurVllmReleased` (the rules
+of Vidur's releases): a prefill batch's tokens summed against the budget, and a new request
+admitted only when it leaves Vidur's watermark free. Like that class it keeps the idealisation
+`vllm-decode-block` (a decode that needs no new block never restarts anyone), where Vidur's own
+vLLM demands a free block for every running request: under KV pressure its decisions can
+differ from Vidur's.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from reference.ar.vidur import WATERMARK_FRACTION
-from reference.sim.errors import Unschedulable
 from reference.sim.fast_common import FastReplicaCore
 from reference.sim.replica import BatchPlan
 from spec.ar.config import ArConfig
@@ -91,14 +93,9 @@ class FastVidurVllm(FastReplicaCore):
         plan = self._prefill_batch()
         if plan is None:
             plan = self._decode_batch()
-        if plan.seqs == 0 and not self._result[2]:
-            raise Unschedulable(
-                -1,
-                0,
-                self.kv_capacity,
-                f"resources: the {self.name} scheduler made no progress with "
-                f"{self.outstanding()} request(s) outstanding",
-            )
+        if plan.seqs == 0 and not self._result[2]:  # nothing runs: the head is never admitted
+            h = self.waiting[0] if self.waiting else None
+            raise self._stalled((h.req, h.prompt + h.outputs) if h else None)
         return plan
 
     # ------------------------------------------------------------------ bookkeeping
@@ -280,7 +277,8 @@ class FastVidurVllm(FastReplicaCore):
 
 
 class FastVidurVllmReleased(FastVidurVllm):
-    """Vidur's releases' vLLM: summed prefill tokens, Vidur's watermark (see the module doc)."""
+    """Vidur's releases' vLLM rules: summed prefill tokens, Vidur's watermark; not its restart
+    of a decode that needs no block (see the module doc)."""
 
     name = "vidur-vllm-released"
     watermark_fraction = WATERMARK_FRACTION

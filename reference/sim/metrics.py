@@ -1,11 +1,17 @@
-"""Per-request and overall metrics, named as in Vidur's metrics store.
+"""Per-request and overall metrics; those with Vidur's names are computed as Vidur computes them.
 
 Per request (seconds; NaN where the request never reached that point):
 - request_e2e_time = completed - arrived
 - prefill_e2e_time = first token - arrived (TTFT)
 - request_scheduling_delay = first scheduled - arrived
-- decode_time_execution_plus_preemption_normalized = (completed - first token) / (decode - 1)
-  (time per output token, TPOT; NaN for single-token requests)
+- decode_time_execution_plus_preemption_normalized = (completed - first token) / decode, as
+  Vidur 0.0.25 computes it (vidur/metrics/metrics_store.py:541-547, `_on_request_end`:
+  `(request.completed_at - request.prefill_completed_at) / request.num_decode_tokens`; its
+  `prefill_completed_at` is the first prefill's end, kept across restarts, as our first token
+  is): divided by every output token, the prefill's included, so a one-token request counts 0
+- time_per_output_token = (completed - first token) / (decode - 1): the usual TPOT, the mean
+  time between output tokens after the first (ours, not Vidur's; NaN for one-token requests,
+  which have no such interval)
 - request_num_restarts = preemptions (recomputation restarts)
 Overall: makespan, throughput (requests/s, output tokens/s), percentiles, KV occupancy samples.
 """
@@ -51,19 +57,17 @@ class RequestMetrics:
         )
 
     def columns(self) -> dict[str, FloatArray]:
-        """Vidur's per-request metrics (module doc) by name, as float arrays; NaN where a time is
+        """The per-request metrics (module doc) by name, as float arrays; NaN where a time is
         missing."""
+        decode_time = self.completed - self.first_token
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(
-                self.decode > 1,
-                (self.completed - self.first_token) / np.maximum(self.decode - 1, 1),
-                NAN,
-            )
+            tpot = np.where(self.decode > 1, decode_time / np.maximum(self.decode - 1, 1), NAN)
         return {
             "request_e2e_time": self.completed - self.arrived,
             "prefill_e2e_time": self.first_token - self.arrived,
             "request_scheduling_delay": self.scheduled - self.arrived,
-            "decode_time_execution_plus_preemption_normalized": tpot,
+            "decode_time_execution_plus_preemption_normalized": decode_time / self.decode,
+            "time_per_output_token": tpot,
             "request_num_restarts": self.restarts.astype(np.float64),
         }
 

@@ -20,7 +20,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from reference.sim.errors import RequestRefused, SimConfigError, Unschedulable
+from reference.sim.errors import (
+    NeverAdmitted,
+    RequestRefused,
+    SimConfigError,
+    Unschedulable,
+    watermark_stall,
+)
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import (
     ArBlocksAllocated,
@@ -320,13 +326,7 @@ class ArReplica:
                 for d in (self.prompt, self.computed, self.outputs):
                     d.pop(e.request_id, None)
         if seqs == 0 and not done and not restarted:
-            raise Unschedulable(
-                -1,
-                0,
-                self.kv_capacity,
-                f"resources: the {type(self.impl).__name__} scheduler "
-                f"made no progress with {self._out} request(s) outstanding",
-            )
+            raise self._stalled()
         self._result = (first, done, restarted)
         self._out -= len(done)
         return BatchPlan(pre, dec, kv_before, pairs, seqs)
@@ -335,6 +335,38 @@ class ArReplica:
         """The last step's (first tokens, finished, restarted), reported once."""
         r, self._result = self._result, ([], [], [])
         return r
+
+    def _stalled(self) -> NeverAdmitted:
+        """The error of a step that scheduled, finished and restarted nothing: the head of the
+        scheduler's queue (its snapshot's) is never admitted. A scheduler with Vidur's watermark
+        (`watermark`, `watermark_fraction` of the reference classes) whose head's prefill, prompt
+        plus outputs so far, leaves no room above it is `watermark_stall`."""
+        name = type(self.impl).__name__
+        waiting = tuple(self.impl.snapshot().waiting)  # type: ignore[attr-defined]
+        rid = waiting[0] if waiting else next(iter(self.prompt), None)
+        if rid is None or rid not in self.prompt:
+            return NeverAdmitted(
+                -1, 0, name, f"its step made no progress ({self._out} outstanding)"
+            )
+        tokens = self.prompt[rid] + self.outputs[rid]
+        cfg = self.config
+        watermark = getattr(self.impl, "watermark", 0)
+        fraction = getattr(self.impl, "watermark_fraction", 0.0)
+        if (
+            isinstance(watermark, int)
+            and watermark > 0
+            and cfg.blocks_for(tokens) > cfg.usable_blocks - watermark
+        ):
+            return watermark_stall(
+                int(rid), tokens, cfg.block_size, cfg.usable_blocks, float(fraction), name
+            )
+        return NeverAdmitted(
+            int(rid),
+            tokens,
+            name,
+            f"its step scheduled, finished and restarted nothing with {self._out} request(s) "
+            f"outstanding, this one at the head of its queue (its admission never takes it)",
+        )
 
     def kv_used(self) -> int:
         """KV tokens in the blocks the scheduler holds (from its block events)."""

@@ -34,7 +34,7 @@ from enum import IntEnum
 from reference.sim.allocation import UnitCapacity, pick_decode_unit, pour
 from reference.sim.core import EventQueue
 from reference.sim.errors import SimConfigError, Unschedulable
-from reference.sim.exec_model import ExecModel, Linear
+from reference.sim.exec_model import ExecModel, Linear, min_batch_seconds
 from reference.sim.metrics import RequestMetrics, Summary, summarize
 from reference.sim.workload import Workload
 
@@ -83,6 +83,14 @@ class SbsParams:
                 raise SimConfigError(f, v, "an integer >= 1")
         if not 0 < self.ewma <= 1:
             raise SimConfigError("ewma", self.ewma, "a weight in (0, 1]")
+
+    def min_forward(self) -> float:
+        """The shortest forward (seconds) of either side: its communication plus its model's
+        shortest batch (`exec_model.min_batch_seconds`)."""
+        return min(
+            self.prefill_comm + min_batch_seconds(self.prefill_model),
+            self.decode_comm + min_batch_seconds(self.decode_model),
+        )
 
 
 @dataclass(slots=True)
@@ -513,8 +521,14 @@ class StaggeredDispatch(PrefillDispatch):
 def simulate_sbs(
     workload: Workload, params: SbsParams, progress: Callable[[int, int], None] | None = None
 ) -> SbsResult:
-    """Run the deployment under `params.policy` (see the module doc)."""
-    run = _Run(workload, params)
+    """Run the deployment under `params.policy` (see the module doc). Arrivals later than the
+    clock resolves the shortest forward are refused (`Workload.check_clock`); a request no unit
+    could ever hold raises `Unschedulable` naming its trace line when it has one."""
+    workload.check_clock(params.min_forward(), "its shortest forward")
+    try:
+        run = _Run(workload, params)
+    except Unschedulable as err:
+        raise err.locate(workload.where(err.request)) from None
     decode = DecodeSide(run, balanced=params.policy == "sbs")
     dispatch: PrefillDispatch = (
         StaggeredDispatch(run, decode) if params.policy == "sbs" else ImmediateDispatch(run, decode)

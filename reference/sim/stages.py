@@ -7,10 +7,16 @@ free. A new batch enters stage 0 as soon as stage 0 is free.
 
 `reference/ar/stages.py` ticks a Vidur replica scheduler with a constant stage time, which does
 not fit the simulator's `ReplicaScheduler` protocol (one `next_batch`/`end_batch` pair at a
-time), so this module keeps the minimal equivalent: the replica holds S independent replica
+time), so this module keeps a simpler model: the replica holds S independent replica
 schedulers (one per micro-batch slot, like vLLM's virtual engines); requests are dealt to them
 round robin, and each has at most one batch in flight, so a request is in at most one batch in
 flight. With S = 1 this is `simulate_cluster` without fused decode stretches, event for event.
+
+It is not Vidur's pipeline model: each slot's scheduler has the replica's whole KV pool and
+whole seat cap (S pools and S times the seats in all), where Vidur runs one replica scheduler
+whose micro-batches share one pool and divide the seats over the stages (`batch_size_cap //
+num_stages` for its vLLM, Sarathi and Mnemosyne). Requests that Vidur's one scheduler runs one
+after another can run side by side in two slots here, so finish times differ from Vidur's.
 
 Model relation: with a constant batch time T and a saturated replica, the first batch ends at T
 and then one batch ends every T/S: S times the single-stage throughput.
@@ -24,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from reference.sim.errors import SimConfigError, TimeWentBackwards
-from reference.sim.exec_model import ExecModel
+from reference.sim.errors import SimConfigError, TimeWentBackwards, Unschedulable
+from reference.sim.exec_model import ExecModel, min_batch_seconds
 from reference.sim.metrics import RequestMetrics, Summary, summarize
 from reference.sim.replica import BatchPlan, ReplicaScheduler
 from reference.sim.workload import Workload
@@ -232,4 +238,9 @@ def simulate_stages(
     are handled, and free stage 0s form batches (the same-time order of `simulate_cluster`)."""
     if not replicas:
         raise SimConfigError("replicas", 0, "at least one replica")
-    return StagedSim(workload, replicas, model).run()
+    stages = max(r.num_stages for r in replicas)
+    workload.check_clock(min_batch_seconds(model) / stages, "its shortest stage time")
+    try:
+        return StagedSim(workload, replicas, model).run()
+    except Unschedulable as err:  # name the request's trace line, if it came from a trace
+        raise err.locate(workload.where(err.request)) from None

@@ -25,7 +25,7 @@ from typing import Any
 
 from reference.sim import workload as wl
 from reference.sim.bounds import check_rate
-from reference.sim.catalog import ReplicaSpec
+from reference.sim.catalog import VIDUR_MAX_WAITING_ITERS, ReplicaSpec
 from reference.sim.errors import SimConfigError, SimError, reason_of
 from reference.sim.exec_model import parse_model
 from spec.errors import SchedSpecError
@@ -89,11 +89,24 @@ class SweepPoint:
     exec_model: str = "roofline:llama3-8b@h100"
     global_scheduler: str = "round_robin"
     seed: int = 0
+    max_waiting_iters: int = VIDUR_MAX_WAITING_ITERS
 
     def replica_spec(self) -> ReplicaSpec:
         """The point's `ReplicaSpec` (`SimConfigError` for a bad scheduler or size)."""
         return ReplicaSpec(
-            self.scheduler, self.kv_tokens, self.max_batch, self.budget, self.max_model_len
+            self.scheduler,
+            self.kv_tokens,
+            self.max_batch,
+            self.budget,
+            self.max_model_len,
+            self.max_waiting_iters,
+        )
+
+    def label(self) -> str:
+        """The point by the grid's four axes, for messages."""
+        return (
+            f"sweep point scheduler={self.scheduler} replicas={self.replicas} "
+            f"kv_tokens={self.kv_tokens} qps={self.qps:g}"
         )
 
     def validate(self) -> None:
@@ -141,7 +154,17 @@ class PointResult:
 
 
 def run_point(p: SweepPoint) -> PointResult:
-    """Simulate one point (deterministic: same point, same figures)."""
+    """Simulate one point (deterministic: same point, same figures). A typed error while it
+    runs (a request that can never be admitted, say) names the point (`SweepPoint.label`)
+    before its own message, and keeps its type."""
+    try:
+        return _run_point(p)
+    except SchedSpecError as err:
+        err.args = (f"{p.label()}: {err}",)
+        raise
+
+
+def _run_point(p: SweepPoint) -> PointResult:
     from reference.sim.cluster import simulate_cluster
 
     t0 = time.perf_counter()
@@ -168,7 +191,7 @@ def run_point(p: SweepPoint) -> PointResult:
         st["request_e2e_time"].p90,
         st["prefill_e2e_time"].p50,
         st["prefill_e2e_time"].p90,
-        st["decode_time_execution_plus_preemption_normalized"].p50,
+        st["time_per_output_token"].p50,
         int(res.metrics.restarts.sum()),
         res.num_batches,
         time.perf_counter() - t0,

@@ -14,15 +14,26 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from reference.sim.bounds import check_rate
+from reference.sim.bounds import (
+    CLOCK_RESOLUTION_BITS,
+    MAX_REQUEST_TOKENS,
+    check_rate,
+    latest_arrival,
+)
 from reference.sim.errors import SimConfigError, TraceError, reason_of
-from spec.ar.vidur_trace import TRACE_COLUMNS, TraceRowError, read_vidur_trace_file
+from spec.ar.vidur_trace import (
+    NUM_DECODE_TOKENS,
+    NUM_PREFILL_TOKENS,
+    TRACE_COLUMNS,
+    TraceRowError,
+    read_vidur_trace_file,
+)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -30,11 +41,14 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests as parallel arrays sorted by arrival (module doc), checked when built."""
+    """Requests as parallel arrays sorted by arrival (module doc), checked when built. `source`
+    is the trace file the requests were read from (None: generated), so an error about request
+    `i` can name its line (`where`)."""
 
     arrived_at: FloatArray
     prefill: IntArray
     decode: IntArray
+    source: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.arrived_at)
@@ -57,7 +71,45 @@ class Workload:
 
     def head(self, n: int) -> Workload:
         """The first `n` requests."""
-        return Workload(self.arrived_at[:n], self.prefill[:n], self.decode[:n])
+        return Workload(self.arrived_at[:n], self.prefill[:n], self.decode[:n], self.source)
+
+    def where(self, i: int) -> str | None:
+        """Where request `i` came from: 'FILE:LINE' for a trace (its row's line, read again
+        from the file), None for a generated workload."""
+        if self.source is None or not 0 <= i < len(self):
+            return None
+        line = trace_line(self.source, i)
+        return f"{self.source}:{line}" if line is not None else self.source
+
+    def check_clock(self, min_step: float, step: str) -> None:
+        """Refuse arrivals later than `bounds.latest_arrival(min_step)`, where the float64 clock
+        no longer resolves the run's smallest time step (`step` says what it is, for the
+        message): `TraceError` naming the trace's file and line, or for a generated workload
+        `SimConfigError` naming the generator's flags."""
+        latest = latest_arrival(min_step)
+        if not len(self) or self.arrived_at[-1] <= latest:
+            return
+        i = int(np.argmax(self.arrived_at > latest))
+        t = float(self.arrived_at[i])
+        why = (
+            f"arrived_at={t:g} s is past {latest:.4g} s, the latest arrival at which the "
+            f"simulated clock (float64 seconds) still resolves {step}, {min_step:.3g} s, to about "
+            f"a millionth (2**-{CLOCK_RESOLUTION_BITS}) of it; at {t:g} s it resolves only "
+            f"{math.ulp(t):.3g} s"
+        )
+        if self.source is not None:
+            raise TraceError(
+                self.source,
+                trace_line(self.source, i) or 0,
+                f"{why}; valid: arrival times up to {latest:.4g} s (give seconds from the "
+                f"trace's start)",
+            )
+        raise SimConfigError(
+            "arrived_at",
+            t,
+            f"request #{i}: {why}; valid: arrivals up to {latest:.4g} s (a higher --qps or fewer "
+            f"--requests)",
+        )
 
     def to_csv(self, path: Path) -> None:
         """Write a Vidur trace CSV (`TRACE_COLUMNS`; arrival times as `repr`, so `read_trace` reads
@@ -71,7 +123,8 @@ class Workload:
 
 def read_trace(path: str | Path) -> Workload:
     """Read a Vidur trace CSV (`spec.ar.vidur_trace`); a malformed row raises `TraceError`
-    naming the file and its line, a file that cannot be read as UTF-8 text `SimConfigError`."""
+    naming the file and its line, and so does a token count past `MAX_REQUEST_TOKENS`; a file
+    that cannot be read as UTF-8 text raises `SimConfigError`."""
     try:
         t = read_vidur_trace_file(path)
     except TraceRowError as err:
@@ -80,11 +133,49 @@ def read_trace(path: str | Path) -> Workload:
         raise SimConfigError(
             "trace_csv", str(path), f"a readable UTF-8 Vidur trace CSV ({reason_of(err)})"
         ) from None
+    for column, counts in (
+        (NUM_PREFILL_TOKENS, t.num_prefill_tokens),
+        (NUM_DECODE_TOKENS, t.num_decode_tokens),
+    ):
+        i = next((i for i, c in enumerate(counts) if c > MAX_REQUEST_TOKENS), None)
+        if i is not None:
+            raise TraceError(
+                str(path),
+                trace_line(path, i) or 0,
+                f"{column}={_count_text(counts[i])} is more tokens than any KV pool the "
+                f"simulator takes holds; valid: 1 to {MAX_REQUEST_TOKENS} tokens",
+            )
     return Workload(
         np.array(t.arrived_at, dtype=np.float64),
         np.array(t.num_prefill_tokens, dtype=np.int64),
         np.array(t.num_decode_tokens, dtype=np.int64),
+        str(path),
     )
+
+
+def _count_text(count: int) -> str:
+    """A count as the trace reader holds it: exact up to 2**53, else read through a float (so
+    `99999999999999999999` is `1e+20`)."""
+    return str(count) if count <= 2**53 else f"{float(count):.6g}"
+
+
+def trace_line(path: str | Path, index: int) -> int | None:
+    """The line (1-based, header = 1) of request row `index` in a trace CSV, skipping blank rows
+    as `spec.ar.vidur_trace` does; None if the file no longer has that row."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            next(reader, None)  # the header
+            k = 0
+            for row in reader:
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if k == index:
+                    return reader.line_num
+                k += 1
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +195,10 @@ class Lengths:
             a, b = int(lo), int(hi if sep else lo)
         except ValueError:
             raise SimConfigError(field, s, "'N' or 'LOW-HIGH' with integers >= 1") from None
-        if a < 1 or b < a:
-            raise SimConfigError(field, s, "'N' or 'LOW-HIGH' with 1 <= LOW <= HIGH")
+        if not 1 <= a <= b <= MAX_REQUEST_TOKENS:
+            raise SimConfigError(
+                field, s, f"'N' or 'LOW-HIGH' with 1 <= LOW <= HIGH <= {MAX_REQUEST_TOKENS}"
+            )
         return cls(a, b)
 
     def draw(self, rng: np.random.Generator, n: int) -> IntArray:
