@@ -63,7 +63,7 @@ class Unschedulable(SimError, ValueError):
     def locate(self, where: str | None) -> Unschedulable:
         """Name where the request came from (`where`: a trace's 'FILE:LINE'; None: nothing) in
         the message; returns the error itself, of the same type."""
-        self.args = (self._text(self._who(where)),)
+        ValueError.__init__(self, self._text(self._who(where)))  # the message, with `where`
         return self
 
 
@@ -91,9 +91,9 @@ class NeverAdmitted(Unschedulable):
     and what would be valid."""
 
     def __init__(self, request: int, tokens: int, scheduler: str, reason: str) -> None:
-        self.request = request
-        self.needed = tokens
-        self.capacity = 0
+        self.request: int = request
+        self.needed: int = tokens
+        self.capacity: int = 0  # not a matter of capacity
         self.scheduler = scheduler
         self.reason = reason
         ValueError.__init__(self, self._text(self._who(None)))
