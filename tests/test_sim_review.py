@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,24 +36,9 @@ from reference.sim.exec_model import Constant, Table, min_batch_seconds, parse_m
 from reference.sim.replica import SimpleReplica
 from schedspec_cli.main import main
 from schedspec_cli.simulate import build_parser
+from tests.test_simulate_inputs import refused
 
 HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
-
-
-def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run `schedspec argv`, which must refuse its input: exit 2, nothing on stdout, no warning,
-    one line on stderr without a traceback; returns that line."""
-    capsys.readouterr()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code = main(argv)
-    out, err = capsys.readouterr()
-    assert code == 2, f"exit {code}\n{out}{err}"
-    assert not out, f"printed results before refusing its input:\n{out}"
-    assert not caught, [str(w.message) for w in caught]
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _trace(tmp_path: Path, body: str, name: str = "t.csv") -> Path:

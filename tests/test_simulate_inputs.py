@@ -31,7 +31,8 @@ TABLE_MODEL = ["--exec-model", "table:{table}"]
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run `schedspec argv`, which must refuse its input: exit 2, nothing on stdout, no warning,
-    one line on stderr; returns that line."""
+    one line on stderr without a traceback; returns that line."""
+    capsys.readouterr()  # what an earlier call printed is not this one's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         code = main(argv)
