@@ -425,11 +425,9 @@ def _settle_config(
 def _ar_fields_hint(unknown: list[str]) -> str:
     """For a header read as a dLLM one (it has no `family`) whose unknown fields are all an
     AR configuration's: what to add."""
-    import dataclasses as dc
-
     from spec.ar.config import ArConfig
 
-    if set(unknown) <= {f.name for f in dc.fields(ArConfig)}:
+    if set(unknown) <= {f.name for f in dataclasses.fields(ArConfig)}:
         return (
             '; these are an AR configuration\'s fields: a header without "family" is a dLLM '
             'one, so add "family": "ar" to it'

@@ -31,11 +31,11 @@ from integrations.vidur import (
 )
 from integrations.vidur.custom_scheduler import SCHEDULER_VARIABLE
 from integrations.vidur.fixes import FIXES_OF, vidur_fixed
-from properties.ar.harness import ArHarness
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
+from tests.test_real_vidur import harness, violation
 from tests.user_module import verify_run, write_user_module
 
 
@@ -70,15 +70,7 @@ IMPL_OF: dict[str, ArImplementation] = {
 
 def run(kind: str, *requests: ArRequest) -> SpecViolation | None:
     """Submit `requests` to a harness of Vidur's `kind` and drain; the violation, or None."""
-    impl = IMPL_OF[kind]
-    h = ArHarness(impl.factory, config(kind), policy=impl.profile.policy)
-    try:
-        for r in requests:
-            h.guarded("submit", h.submit, r)
-        h.guarded("drain", h.drain, 50)
-    except SpecViolation as v:
-        return v
-    return None
+    return violation(harness(IMPL_OF[kind], config(kind)), *requests)
 
 
 TWO = (ArRequest("r0", 8, 3), ArRequest("r1", 5, 2))
