@@ -106,6 +106,9 @@ class _Req:
     fresh: bool = True  # never scheduled (vLLM's status WAITING; cache-aware admission)
     # its last chunk ended short of its known tokens (vLLM's `is_prefill_chunk`)
     prefilling: bool = False
+    # running, it gave back the blocks holding its computed tokens (all of them): it may only
+    # finish or be aborted now, not take blocks or tokens again (kv_covers_computed)
+    released: bool = False
 
     @property
     def known(self) -> int:
@@ -667,6 +670,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._enter_schedule_phase(e)
         self._enter_admission_phase(r)
         self._check_readmission(r, e)
+        self._check_not_released(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail(ArRule.KV_EXCLUSIVE, f"blocks {list(e.blocks)} empty or repeated", e)
         for b in e.blocks:
@@ -704,6 +708,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r = self._active(e.request_id, e)
         self._enter_schedule_phase(e)
         self._enter_admission_phase(r)
+        self._check_not_released(r, e)
         n = e.num_tokens
         if r.request_id in st.scheduled:
             raise self._fail(
@@ -1034,6 +1039,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r.blocks.clear()
         r.num_computed = 0
         r.cached_upto = 0
+        r.released = False
         r.phase = ArPhase.PREEMPTED
         r.wait_since = st.index
         r.decoding_since = None
@@ -1156,15 +1162,57 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     f"{rid!r} freed block {b}, which is {what} (double free or foreign)",
                     e,
                 )
-        self._drop_refs(r, e.blocks)
         gone = set(e.blocks)
+        # the first position freed: the blocks after it shift down, so what they held (computed
+        # tokens, cache registrations) no longer lines up with the request's tokens
+        first = min(k for k, b in enumerate(r.blocks) if b in gone)
+        if r.phase is not ArPhase.FINISHED:
+            self._check_free_keeps_computed(r, e, first)
+        self._drop_refs(r, e.blocks)
         r.blocks = [b for b in r.blocks if b not in gone]
-        r.cached_upto = min(r.cached_upto, len(r.blocks))
+        r.cached_upto = min(r.cached_upto, first)
         if r.phase is ArPhase.FINISHED:
             if not r.blocks:
                 del self._batch_held[rid]
             return
         self._touch(r)
+
+    def _check_free_keeps_computed(self, r: _Req, e: ArBlocksFreed, first: int) -> None:
+        """kv_covers_computed, at a free: the blocks holding computed tokens go back all at
+        once. A queued request giving back all it took (a cache hit included) holds nothing and
+        has computed nothing again; a running one that does may only finish or be aborted next.
+        A request keeping some blocks frees only blocks past its computed tokens: freeing one
+        before them would leave computed tokens with no KV, or blocks never written at their
+        positions (which the cache would then register as that content)."""
+        bs = self.config.block_size
+        if len(e.blocks) == len(r.blocks):
+            if r.phase is ArPhase.RUNNING:
+                r.released = r.released or r.num_computed > 0
+            else:
+                r.num_computed = 0
+            return
+        if first * bs < r.num_computed:
+            raise self._fail(
+                ArRule.KV_COVERS_COMPUTED,
+                f"{r.request_id!r} ({r.phase.value}, {r.num_computed} computed tokens in blocks "
+                f"{r.blocks}) freed block {r.blocks[first]}, its block {first}, and keeps "
+                f"{[b for b in r.blocks if b not in set(e.blocks)]}: the blocks holding computed "
+                f"tokens are freed all at once (a preemption, a finish, an abort); only blocks "
+                f"from position {-(-r.num_computed // bs)} on may be freed alone",
+                e,
+            )
+
+    def _check_not_released(self, r: _Req, e: ArEvent) -> None:
+        """A running request that gave back the blocks of its computed tokens takes nothing
+        again: it finishes or is aborted (only a preemption makes it recompute)."""
+        if r.released:
+            raise self._fail(
+                ArRule.KV_COVERS_COMPUTED,
+                f"running {r.request_id!r} freed all its blocks, holding {r.num_computed} "
+                f"computed tokens, and then got {type(e).__name__}: after such a free it may "
+                f"only finish or be aborted (a preemption would make it recompute)",
+                e,
+            )
 
     def _finished(self, e: ArFinished) -> None:
         r = self._active(e.request_id, e)

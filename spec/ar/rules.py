@@ -110,7 +110,10 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
     "the tokens it computes this step (blocks * block_size >= computed + scheduled).",
     ArRule.KV_COVERS_COMPUTED: "Between steps every running request holds KV blocks for every "
-    "token it has computed.",
+    "token it has computed. The blocks holding computed tokens go back all at once: a queued "
+    "request that gives back what it took (a cache hit included) has computed nothing again; a "
+    "running one may then only finish or be aborted; blocks past the computed tokens may go "
+    "alone.",
     ArRule.KV_BOUNDED: "A request never holds more blocks than max_model_len needs.",
     ArRule.KV_EXCLUSIVE: "Allocated blocks were free (cached ones included: allocating one evicts "
     "it) and are in the pool; a block has one holder unless prefix caching shares it through "
