@@ -55,6 +55,20 @@ class PreemptsScheduled(VllmV1Scheduler):
         return max(self.running, key=lambda r: (r.spec.priority, r.arrival))
 
 
+class RecyclesOwnOldest(VllmV1Scheduler):
+    """A sliding window applied to a full-attention model: each time a running request grows,
+    it frees its oldest block, whose KV its attention still reads, and takes one more fresh
+    block in its place. It holds as many blocks as its tokens need, so a count of blocks
+    against computed tokens never notices."""
+
+    def _grow(self, req: ArReq, n_blocks: int) -> None:
+        if n_blocks > 0 and req in self.running and req.num_computed > 0 and req.blocks:
+            oldest, req.blocks = req.blocks[:1], req.blocks[1:]
+            self.pool.free(req.rid, oldest)
+            n_blocks += 1
+        super()._grow(req, n_blocks)
+
+
 class VidurFtMissingFree(VidurFasterTransformer):
     """Vidur's published FasterTransformer scheduler: a request that finishes before the rest
     of its static batch is never freed (`free_batch` frees only the final batch's requests and
@@ -607,6 +621,14 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _f(DoubleFree),
             ar_configs(),
             "vLLM #42571: a block freed twice",
+        ),
+        ArMutant(
+            "recycles_own_oldest",
+            "kv_covers_computed",
+            _f(RecyclesOwnOldest),
+            _tight(),
+            "a running request that grows frees its own oldest block (a sliding window on full "
+            "attention) and takes a fresh one in its place",
         ),
         ArMutant(
             "budget_overflow",
