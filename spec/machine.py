@@ -1615,6 +1615,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 or first // p != last // p
             ):
                 return False
+            if self._cache and any(self._cache.holds(s) for s in slots):
+                return False  # no_leak: an owned slot is not also cached
             page = first - first % p  # page_alignment: the page's other slots have no other user
             for s in (*range(page, first), *range(last + 1, page + p)):
                 o = owners.get(s)
@@ -1673,10 +1675,17 @@ class SpecMachine(MachineBase[Event, Rule]):
             for owner in blocks
             if owner[1] in self._blocks.get(owner[0], ())
         )
-        for _owner, owned in changed:  # no_leak: slots inside the pool
+        for (rid, block), owned in changed:  # no_leak: slots inside the pool, none cached
             if owned[0] < 0 or owned[-1] >= total:
                 bad = owned[0] if owned[0] < 0 else owned[-1]
                 return Rule.NO_LEAK, f"slot {bad} outside the pool"
+            if self._cache:
+                both = [slot for slot in owned if self._cache.holds(slot)]
+                if both:
+                    return Rule.NO_LEAK, (
+                        f"slots {both} are both owned (by block {block} of {rid!r}) and cached: "
+                        f"free + owned + cached counts them twice"
+                    )
         for r in reqs:  # no_leak: owned blocks are live
             cur = r.current
             for block, slots in self._blocks.get(r.request_id, {}).items():

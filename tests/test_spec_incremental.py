@@ -16,8 +16,9 @@ from reference.dllm import ReferenceDllmScheduler, make_scheduler
 from spec.config import DllmConfig, RequestSpec
 from spec.errors import SpecViolation
 from spec.invariants import check_all
-from spec.lifecycles import RequestPhase
-from spec.machine import SpecMachine
+from spec.lifecycles import BlockPhase, RequestPhase
+from spec.machine import SpecMachine, _Block
+from spec.prefix_cache import BlockKey
 from tests.mutants import MUTANTS
 
 
@@ -168,3 +169,94 @@ def test_retired_requests_keep_only_what_later_events_need() -> None:
 
     assert m.enabled(Submitted("a", (1,), 1)) == "unique_submission"
     assert m.enabled(Admitted("a", 0)) == "lifecycle"
+
+
+# One corruption at a time, each reaching the clause of one invariant that the combined
+# corruptions above mask (a mutation review found those clauses of `check_changed` could
+# drift from the full check unnoticed): (what it does, the rule the full check names).
+def _cache_an_owned_block(m: SpecMachine, rng: random.Random) -> bool:
+    """A handler that caches a block and forgets to give up its slots (owned and cached)."""
+    owners = sorted(set(m.state().slot_owners.values()))
+    if not owners:
+        return False
+    rid, block = rng.choice(owners)
+    m._cache.insert(tuple(sorted(m._blocks[rid][block])), BlockKey(block, (), b""), (rid, block))
+    m._dirty_blocks.add((rid, block))
+    return True
+
+
+def _give_a_queued_request_a_block(m: SpecMachine, rng: random.Random) -> bool:
+    """A handler that starts a request's block before admitting it."""
+    queued = sorted(rid for rid, r in m._requests.items() if r.phase is RequestPhase.QUEUED)
+    if not queued:
+        return False
+    r = m._requests[rng.choice(queued)]
+    r.current = _Block(r.committed_blocks, BlockPhase.MASKED, None, None)
+    m._dirty[r.request_id] = None
+    return True
+
+
+def _move_a_block_into_another_page(m: SpecMachine, rng: random.Random) -> bool:
+    """A handler that moves a block to free slots, whole and at its offset, in a page another
+    request uses (only the shared-page clause of `page_alignment` sees it)."""
+    st_ = m.state()
+    b, p = m.config.block_size, m.config.page_size
+    users: dict[int, set[str]] = {}
+    for slot, (rid, _block) in st_.slot_owners.items():
+        users.setdefault(slot // p, set()).add(rid)
+    moves = []
+    for (rid, block), held in sorted((k, sorted(v)) for k, v in _by_block(m).items()):
+        for page, there in sorted(users.items()):
+            start = page * p + (block * b) % p
+            slots = list(range(start, start + b))
+            if there - {rid} and all(s in st_.free_slots for s in slots):
+                moves.append((rid, block, held, slots))
+    if not moves:
+        return False
+    rid, block, held, slots = rng.choice(moves)
+    for slot in held:
+        m._disown(slot)
+    for slot in slots:
+        m._own(slot, (rid, block))
+    m._dirty[rid] = None
+    return True
+
+
+def _by_block(m: SpecMachine) -> dict[tuple[str, int], set[int]]:
+    return {
+        (rid, k): set(slots) for rid, blocks in m._blocks.items() for k, slots in blocks.items()
+    }
+
+
+ONE_CORRUPTION = {
+    "no_leak": _cache_an_owned_block,
+    "carriers_iff_unfinished": _give_a_queued_request_a_block,
+    "page_alignment": _move_a_block_into_another_page,
+}
+
+
+@pytest.mark.parametrize("rule", sorted(ONE_CORRUPTION))
+def test_incremental_equals_full_on_one_corruption(rule: str) -> None:
+    """Over 60 reference programs cut at random, one corruption each: both checks name the
+    same rule every time, and the corruption's own rule at least five times."""
+    corrupt = ONE_CORRUPTION[rule]
+    named = 0
+    config = DllmConfig(block_size=2, page_size=4, kv_pages=12, max_context=24)
+    for seed in range(60):
+        h = _drive(make_scheduler, config, seed)
+        rng = random.Random(seed)
+        m = SpecMachine(config)
+        for e in h.events[: rng.randint(1, len(h.events))]:
+            m.apply(e)
+            m.check_changed()
+        if not corrupt(m, rng):
+            continue
+        full = check_all(m.state())
+        try:
+            m.check_changed()
+            incremental = None
+        except SpecViolation as v:
+            incremental = str(v.rule)
+        assert (full[0] if full else None) == incremental, (seed, full, incremental)
+        named += full is not None and full[0] == rule
+    assert named >= 5, f"the corruption reached {rule} {named} times in 60 programs"
