@@ -1675,7 +1675,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             for owner in blocks
             if owner[1] in self._blocks.get(owner[0], ())
         )
-        for (rid, block), owned in changed:  # no_leak: slots inside the pool, none cached
+        for (owner, block), owned in changed:  # no_leak: slots inside the pool, none cached
             if owned[0] < 0 or owned[-1] >= total:
                 bad = owned[0] if owned[0] < 0 else owned[-1]
                 return Rule.NO_LEAK, f"slot {bad} outside the pool"
@@ -1683,7 +1683,7 @@ class SpecMachine(MachineBase[Event, Rule]):
                 both = [slot for slot in owned if self._cache.holds(slot)]
                 if both:
                     return Rule.NO_LEAK, (
-                        f"slots {both} are both owned (by block {block} of {rid!r}) and cached: "
+                        f"slots {both} are both owned (by block {block} of {owner!r}) and cached: "
                         f"free + owned + cached counts them twice"
                     )
         for r in reqs:  # no_leak: owned blocks are live
