@@ -1675,7 +1675,7 @@ class SpecMachine(MachineBase[Event, Rule]):
             for owner in blocks
             if owner[1] in self._blocks.get(owner[0], ())
         )
-        for (owner, block), owned in changed:  # no_leak: slots inside the pool, none cached
+        for (cache_rid, block), owned in changed:  # no_leak: slots inside the pool, none cached
             if owned[0] < 0 or owned[-1] >= total:
                 bad = owned[0] if owned[0] < 0 else owned[-1]
                 return Rule.NO_LEAK, f"slot {bad} outside the pool"
@@ -1683,8 +1683,8 @@ class SpecMachine(MachineBase[Event, Rule]):
                 both = [slot for slot in owned if self._cache.holds(slot)]
                 if both:
                     return Rule.NO_LEAK, (
-                        f"slots {both} are both owned (by block {block} of {owner!r}) and cached: "
-                        f"free + owned + cached counts them twice"
+                        f"slots {both} are both owned (by block {block} of {cache_rid!r}) and "
+                        f"cached: free + owned + cached counts them twice"
                     )
         for r in reqs:  # no_leak: owned blocks are live
             cur = r.current
