@@ -34,6 +34,16 @@ release other than 0.33.0 and 0.34.0 refused).
 Synchronous scheduling only: an asynchronous scheduler (vLLM's default on CUDA) schedules a
 step ahead of the model, which an AR event log does not describe; attaching to one is a
 `ConfigError` naming `async_scheduling` (serve with `--no-async-scheduling` to log).
+So is attaching to a scheduler whose KV cache is not one full-attention group (a sliding
+window or Mamba group frees and recycles blocks of running requests, which one block table
+cannot show), one with a KV connector (it loads KV into waiting requests and frees finished
+ones' blocks late), or one with speculative decoding (rejected drafts lower a request's
+computed tokens, for which the AR events have no name): `loggable` says which.
+
+A request vLLM ends inside `update_from_output` (a grammar that failed to compile, an encoder
+cache mismatch: vLLM calls `finish_requests` from there with `FINISHED_ERROR`) is logged once,
+as `ArAborted` after its blocks: the nested call's frees are the nested call's, and its
+request's error output is not also a finish.
 
 vLLM's admission settings are read from the live scheduler: a `watermark` is declared in the
 header as vLLM keeps it (`watermark_of_pool`, `watermark_beside_running`);
@@ -132,24 +142,59 @@ def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
     return policy
 
 
+def loggable(scheduler: Any, v: Any) -> None:
+    """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
+    cannot describe: asynchronous scheduling, a KV cache other than one full-attention group,
+    a KV connector, speculative decoding (`v`: `load_vllm()`'s modules)."""
+    if bool(scheduler.scheduler_config.async_scheduling):
+        raise ConfigError(
+            "async_scheduling",
+            True,
+            "False: an asynchronous scheduler runs a step ahead of the model, which an AR "
+            "event log does not describe (serve with --no-async-scheduling to log)",
+        )
+    groups = list(scheduler.kv_cache_config.kv_cache_groups)
+    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, v.kv_iface.FullAttentionSpec):
+        raise ConfigError(
+            "kv_cache_groups",
+            kinds,
+            "one full-attention group: a sliding-window or Mamba group frees and recycles a "
+            "running request's blocks, which the AR event log's one block table cannot show",
+        )
+    if scheduler.connector is not None:
+        raise ConfigError(
+            "kv_connector",
+            type(scheduler.connector).__name__,
+            "None: a connector loads KV into waiting requests and frees finished requests' "
+            "blocks after their finish, which the AR event log does not describe",
+        )
+    drafts = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
+    if drafts:
+        raise ConfigError(
+            "num_speculative_tokens",
+            drafts,
+            "0: a rejected draft lowers a request's computed tokens, for which the AR event "
+            "log has no event",
+        )
+
+
 class VllmEventLog:
     """Writes the decisions of one live vLLM scheduler as an AR event log (see the module)."""
 
     def __init__(self, scheduler: Any, write: Callable[[str], object]) -> None:
-        if bool(scheduler.scheduler_config.async_scheduling):
-            raise ConfigError(
-                "async_scheduling",
-                True,
-                "False: an asynchronous scheduler runs a step ahead of the model, which an AR "
-                "event log does not describe (serve with --no-async-scheduling to log)",
-            )
+        self._v = load_vllm()
+        loggable(scheduler, self._v)
         self.scheduler = scheduler
         self.config: ArConfig = ar_config_of(scheduler)
         self.policy: ArPolicy = declared_policy(self.config, scheduler)
         self._write = write
-        self._v = load_vllm()
         self._prefix = self.config.enable_prefix_caching
         self._step = 0
+        # the views a wrapped call's frees are read from, one per call under way (vLLM's
+        # update_from_output calls finish_requests), and the requests a nested call ended
+        self._open: list[ArPoolView] = []
+        self._ended_inside: set[str] = set()
         self._hooks = InstanceHooks()
         self.writer: str = scheduler_writer(scheduler, "vllm")
         write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
@@ -202,26 +247,44 @@ class VllmEventLog:
         return out
 
     def _update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        self._ended_inside.clear()
         outputs = self._releasing("update_from_output", *args, **kwargs)
+        ended, self._ended_inside = self._ended_inside, set()
         for per_client in outputs.values():
             for o in per_client.outputs:
-                if o.finish_reason is not None:
+                if o.finish_reason is not None and o.request_id not in ended:
                     reason = finish_reason_of(self._v, o.finish_reason)
                     self._emit(ArFinished(o.request_id, reason))
         return outputs
 
     def _finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        nested = bool(self._open)
         ended = self._releasing("finish_requests", *args, **kwargs)
         for request in ended or ():
             self._emit(ArAborted(request.request_id))
+            if nested:  # ended by vLLM inside update_from_output (FINISHED_ERROR)
+                self._ended_inside.add(str(request.request_id))
         return ended
 
     def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call the scheduler's `name`, then log the blocks the call freed."""
+        """Call the scheduler's `name`, then log the blocks the call freed. Called inside
+        another wrapped call, it first logs what the outer call freed so far, and the outer
+        call then reads its frees from where this one ended (each free logged once)."""
         before = self._view(f"before {name}()")
-        result = self._calls[name](*args, **kwargs)
-        for e in release_events(before, self._view(f"after {name}()")):
+        if self._open:
+            for e in release_events(self._open[-1], before):
+                self._emit(e)
+            self._open[-1] = before
+        self._open.append(before)
+        try:
+            result = self._calls[name](*args, **kwargs)
+        finally:
+            start = self._open.pop()
+        after = self._view(f"after {name}()")
+        for e in release_events(start, after):
             self._emit(e)
+        if self._open:
+            self._open[-1] = after
         return result
 
     def _view(self, where: str, scheduled: dict[str, int] | None = None) -> ArPoolView:
@@ -240,4 +303,4 @@ class VllmEventLog:
         self._write(json.dumps(ar_event_to_dict(event), separators=(",", ":")))
 
 
-__all__ = ["VllmEventLog", "ar_config_of", "declared_policy"]
+__all__ = ["VllmEventLog", "ar_config_of", "declared_policy", "loggable"]
