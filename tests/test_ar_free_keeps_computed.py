@@ -155,3 +155,49 @@ def test_a_running_request_that_gave_everything_back_is_not_scheduled() -> None:
 def test_a_running_request_that_gave_everything_back_may_be_aborted() -> None:
     events = [*running_a(), ArBlocksFreed("a", (1, 2, 3, 4)), ArAborted("a"), ArStepEnd(1)]
     assert verdict(events) == ("", "")
+
+
+def d_scheduled_into_a_third_block() -> list[ArEvent]:
+    """d, 12 prompt tokens in chunks of 8 and 4: its step-1 scheduling fills (and caches, as
+    vLLM caches at scheduling) its third block, block 3, which step 1's forward writes."""
+    return [
+        ArSubmitted("d", 12, 4, prompt=tuple(range(200, 212))),
+        ArBlocksAllocated("d", (1, 2)),
+        ArScheduled("d", 8),
+        ArStepEnd(0),
+        ArBlocksAllocated("d", (3,)),
+        ArScheduled("d", 4),
+    ]
+
+
+def test_blocks_a_scheduled_request_gives_back_leave_the_cache_unwritten() -> None:
+    """The review's second probe: d frees all its blocks in the schedule phase that scheduled
+    it, so step 1's forward never writes block 3; e's hit on it conformed until the step's end
+    named d. Now block 3 leaves the cache at the free, and the hit is refused, saying why."""
+    events = [
+        *d_scheduled_into_a_third_block(),
+        ArBlocksFreed("d", (1, 2, 3)),
+        ArSubmitted("e", 13, 1, prompt=tuple(range(200, 213))),
+        ArCacheHit("e", (1, 2, 3)),
+    ]
+    rule, message = verdict(events)
+    assert rule == "cache_hit_cached", message
+    assert "block 3 is not cached (cached: [1, 2]): prefix block 2 of 'd' (tokens 8..11)" in message
+    assert "never computed: it freed its blocks in that step" in message, message
+
+
+def test_a_scheduled_request_keeps_what_its_forward_uses() -> None:
+    """Freeing only block 3, which step 1's 4 tokens are written into: refused at the free."""
+    rule, message = verdict([*d_scheduled_into_a_third_block(), ArBlocksFreed("d", (3,))])
+    assert rule == "kv_covers_scheduled", message
+    assert "freed block 3, its block 2, which that step's forward uses, keeping [1, 2]" in message
+
+
+def test_blocks_past_what_the_step_uses_may_go_in_the_schedule_phase() -> None:
+    events: list[ArEvent] = [
+        *running_a(),
+        ArScheduled("a", 1),
+        ArBlocksFreed("a", (4,)),
+        ArStepEnd(1),
+    ]
+    assert verdict(events) == ("", "")

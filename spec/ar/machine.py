@@ -483,9 +483,10 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._dirty_blocks.add(r.blocks[k])
         r.cached_upto = max(r.cached_upto, min(full, len(r.blocks)))
 
-    def _uncache_unwritten(self, r: _Req) -> None:
-        """`r` was scheduled in this step and preempted in it: the blocks its scheduling
-        cached (from its first uncomputed token on) hold content no forward writes."""
+    def _uncache_unwritten(self, r: _Req, why: str = "it was preempted in that step") -> None:
+        """`r` was scheduled in this step and left its batch (`why`: preempted, or its blocks
+        freed): the blocks its scheduling cached (from its first uncomputed token on) hold
+        content no forward writes."""
         bs, index = self.config.block_size, self._step.index
         for k in range(r.num_computed // bs, r.cached_upto):
             b = r.blocks[k]
@@ -494,8 +495,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 tokens = f"token {k}" if bs == 1 else f"tokens {k * bs}..{(k + 1) * bs - 1}"
                 self._unwritten[b] = (
                     f"prefix block {k} of {r.request_id!r} ({tokens}), cached when "
-                    f"{r.request_id!r} was scheduled in step {index} and never computed: "
-                    "it was preempted in that step"
+                    f"{r.request_id!r} was scheduled in step {index} and never computed: {why}"
                 )
                 self._dirty_blocks.add(b)
         r.cached_upto = min(r.cached_upto, r.num_computed // bs)
@@ -1183,14 +1183,30 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         has computed nothing again; a running one that does may only finish or be aborted next.
         A request keeping some blocks frees only blocks past its computed tokens: freeing one
         before them would leave computed tokens with no KV, or blocks never written at their
-        positions (which the cache would then register as that content)."""
+        positions (which the cache would then register as that content). kv_covers_scheduled,
+        in the schedule phase that scheduled it: it keeps the blocks this step's forward uses,
+        or frees all it holds and leaves the batch, what its scheduling cached then uncached."""
         bs = self.config.block_size
+        st = self._step
+        n = st.scheduled.get(r.request_id) if st.in_schedule_phase else None
         if len(e.blocks) == len(r.blocks):
+            if n is not None:  # it leaves the batch (an abort or finish must follow)
+                self._uncache_unwritten(r, "it freed its blocks in that step")
             if r.phase is ArPhase.RUNNING:
                 r.released = r.released or r.num_computed > 0
             else:
                 r.num_computed = 0
             return
+        if n is not None and first * bs < r.num_computed + n:
+            # its forward of this step writes (and reads) those blocks
+            raise self._fail(
+                ArRule.KV_COVERS_SCHEDULED,
+                f"{r.request_id!r} was scheduled {n} tokens in step {st.index} after "
+                f"{r.num_computed} computed, and then freed block {r.blocks[first]}, its block "
+                f"{first}, which that step's forward uses, keeping "
+                f"{[b for b in r.blocks if b not in set(e.blocks)]}",
+                e,
+            )
         if first * bs < r.num_computed:
             raise self._fail(
                 ArRule.KV_COVERS_COMPUTED,

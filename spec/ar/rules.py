@@ -108,7 +108,9 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
-    "the tokens it computes this step (blocks * block_size >= computed + scheduled).",
+    "the tokens it computes this step (blocks * block_size >= computed + scheduled). In the "
+    "step's schedule phase it frees none of those blocks unless it frees all it holds, leaving "
+    "the batch: what its scheduling cached is then uncached (no forward writes it).",
     ArRule.KV_COVERS_COMPUTED: "Between steps every running request holds KV blocks for every "
     "token it has computed. The blocks holding computed tokens go back all at once: a queued "
     "request that gives back what it took (a cache hit included) has computed nothing again; a "
