@@ -530,6 +530,7 @@ def _check_ar(
     args: argparse.Namespace, lines: Iterable[str], ran: Any, config: Any, extras: Extras
 ) -> int:
     """As `_check_dllm`, for an AR log."""
+    from properties.ar.decisions import operations
     from properties.ar.trace_check import check_ar_trace
     from properties.verify import ArTwin
     from schedspec_cli.trace_profile import ar_log_difference, ar_policy_for, in_space, twin_runs
@@ -552,10 +553,12 @@ def _check_ar(
         if accepted is not None:
             return accepted
         return _violated(args, where, res.violation, counted)
+    twin = extras.twin
+    if isinstance(twin, ArTwin):  # a log no twin replays (a pause, a cache reset): exit 2 first
+        operations(kept or [], res.sampled_stops)
     declared = res.policy is not None and res.policy != ArPolicy()
     end = End(res.idle_at_end, res.waiting_ids, res.running_ids, res.unjudged_at_end)
     code = _finish(args, res.events, (res.steps, "steps"), end, extras, declared)
-    twin = extras.twin
     if not isinstance(twin, ArTwin) or res.config is None:
         return code
     with _twin_returns(twin.name):

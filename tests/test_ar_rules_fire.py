@@ -26,6 +26,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArPauseSet,
     ArPreempted,
     ArScheduled,
     ArStepEnd,
@@ -108,6 +109,11 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
     "finish_released": (
         # a produced its only output in step 0 but is still running when step 1 ends
         [ArSubmitted("a", 4, 1), *ADMIT_A[1:], ArStepEnd(0), ArStepEnd(1)],
+        CFG,
+    ),
+    "pause": (
+        # paused_new between steps: b, waiting, is admitted all the same
+        [*STEP_0, ArSubmitted("b", 4, 2), ArPauseSet("paused_new"), ArBlocksAllocated("b", (2,))],
         CFG,
     ),
     "static_batch": (

@@ -20,6 +20,8 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -85,3 +87,35 @@ def test_a_request_vllm_ends_inside_update_from_output_is_logged_once() -> None:
     assert json.loads(lines[-1]) == {"kind": "ar_aborted", "request_id": "r0"}, lines
     result = check_ar_trace(lines)
     assert result.ok, str(result.violation)
+
+
+@pytest.mark.parametrize("mode", ["keep", "wait"])
+def test_a_live_log_with_pauses_and_cache_resets_conforms(mode: str) -> None:
+    """vLLM's engine-core loop pausing now and then in `mode` (`integrations.vllm.pauses`),
+    clearing the caches once idle and resuming, prefix caching on. Before `ArPauseSet` and the
+    reset's `ArPreempted(reset=True)` such logs failed `progress` (a paused step schedules
+    nothing) and, in "keep" (running requests preempted by the reset), the admission rules."""
+    kinds: Counter[str] = Counter()
+    for seed in range(8):
+        program = core_program(seed)
+        program = replace(program, config=program.config.replace(enable_prefix_caching=True))
+        lines: list[str] = []
+
+        def attach(scheduler: Any, lines: list[str] = lines) -> None:
+            VllmEventLog(scheduler, lines.append)
+
+        EngineCoreLoop(program.config, async_scheduling=False, mutate=attach, pauses=mode).run(
+            program
+        )
+        result = check_ar_trace(lines)
+        assert result.ok, f"seed {seed}: {result.violation}"
+        for line in lines[1:]:
+            event = json.loads(line)
+            if event["kind"] == "ar_pause_set":
+                kinds[event["state"]] += 1
+            elif event["kind"] == "ar_preempted" and event.get("reset"):
+                kinds["reset"] += 1
+    paused = "paused_all" if mode == "keep" else "paused_new"
+    assert kinds[paused] >= 1 and kinds["unpaused"] >= 1, kinds
+    if mode == "keep":  # running requests wait out a "keep" pause, and the reset preempts them
+        assert kinds["reset"] >= 1, kinds

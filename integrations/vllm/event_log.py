@@ -9,7 +9,7 @@ configuration and the policy vLLM declares, `REAL_VLLM_PROFILE` with the orderin
 under vLLM's declared policy, and `--twin vllm-v1` compares its decisions with the
 re-implementation's on the log's own operations.
 
-It wraps four methods of that one scheduler instance (nothing of vLLM's classes changes), and
+It wraps six methods of that one scheduler instance (nothing of vLLM's classes changes), and
 derives the events from the pools around each call, as `RealVllmScheduler` does
 (`spec.ar.reconstruct`):
 
@@ -19,7 +19,10 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
   and `ArStepEnd`;
 - `update_from_output`: the blocks it freed, and `ArFinished` with vLLM's reason;
 - `finish_requests`: the blocks it freed and `ArAborted` for each request it ended (vLLM passes
-  `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found).
+  `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found);
+- `reset_prefix_cache`: with `reset_running_requests` (a pause for a weight update clears the
+  caches so), `ArPreempted` with `reset` for every running request it preempted;
+- `set_pause_state` (`pause_scheduler`, `resume_scheduler`): `ArPauseSet` with the new state.
 
 Each call's events are derived only from queues that can be read as a state of the spec's
 (`integrations.vllm.adapter.check_queues`): where a scheduler of one's own left a request on
@@ -74,7 +77,16 @@ from integrations.vllm.adapter import (
 )
 from integrations.vllm.release_api import cache_read_limit
 from spec.ar.config import ArConfig, Policy
-from spec.ar.events import ArAborted, ArEvent, ArFinished, ArStepEnd, ArSubmitted
+from spec.ar.events import (
+    ArAborted,
+    ArBlocksFreed,
+    ArEvent,
+    ArFinished,
+    ArPauseSet,
+    ArPreempted,
+    ArStepEnd,
+    ArSubmitted,
+)
 from spec.ar.profile import ArPolicy
 from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.trace import ar_config_to_dict, ar_event_to_dict
@@ -206,8 +218,13 @@ class VllmEventLog:
                 "schedule": self._schedule,
                 "update_from_output": self._update_from_output,
                 "finish_requests": self._finish_requests,
+                "reset_prefix_cache": self._reset_prefix_cache,
+                "set_pause_state": self._set_pause_state,
             },
         )
+        paused = self._pause_name(scheduler.pause_state)
+        if paused != "unpaused":  # attached to a scheduler paused already
+            self._emit(ArPauseSet(paused))
 
     def detach(self) -> None:
         """Give the scheduler its own methods back (the log then ends)."""
@@ -265,6 +282,33 @@ class VllmEventLog:
             if nested:  # ended by vLLM inside update_from_output (FINISHED_ERROR)
                 self._ended_inside.add(str(request.request_id))
         return ended
+
+    @staticmethod
+    def _pause_name(state: Any) -> str:
+        """vLLM's `PauseState` as the spec's pause state (`AR_PAUSE_STATES`)."""
+        return str(state.name).lower()
+
+    def _set_pause_state(self, state: Any, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's pause (`pause_scheduler`, between steps): `ArPauseSet` with the new state."""
+        result = self._calls["set_pause_state"](state, *args, **kwargs)
+        self._emit(ArPauseSet(self._pause_name(self.scheduler.pause_state)))
+        return result
+
+    def _reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's cache reset; with `reset_running_requests` it preempts every running request,
+        the last first (so they wait in their running order): `ArPreempted` with `reset` for
+        each, between steps."""
+        before = self._view("before reset_prefix_cache()")
+        result = self._calls["reset_prefix_cache"](*args, **kwargs)
+        after = self._view("after reset_prefix_cache()")
+        preempted = [rid for rid in reversed(before.running) if rid not in after.running]
+        for rid in preempted:
+            self._emit(ArPreempted(rid, before.table(rid), reset=True))
+        gone = set(preempted)
+        for freed in release_events(before, after):
+            if isinstance(freed, ArBlocksFreed) and freed.request_id not in gone:
+                self._emit(freed)
+        return result
 
     def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call the scheduler's `name`, then log the blocks the call freed. Called inside

@@ -23,7 +23,14 @@ from properties.deadline import CallDeadlineExceeded, TwinHung, call_deadline
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import first_difference, step_decisions
-from spec.ar.events import ArAborted, ArEvent, ArStepEnd, ArSubmitted
+from spec.ar.events import (
+    ArAborted,
+    ArEvent,
+    ArPauseSet,
+    ArPreempted,
+    ArStepEnd,
+    ArSubmitted,
+)
 from spec.ar.profile import ArPolicy
 from spec.errors import CannotDrive, ConfigError
 
@@ -33,10 +40,12 @@ def operations(
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
-    `ArAborted`, a step per `ArStepEnd`. A rejected submission or an abort that changed nothing
-    left no event and changes nothing; a drain shows as the steps it ran. A request whose stop
-    the log's engine sampled (`stop_sampled`) is scripted to stop where it did: its outputs at
-    that finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off the log)."""
+    `ArAborted`, a step per `ArStepEnd` (`CannotDrive` at a pause or a cache reset's
+    preemption, which no twin replays). A rejected submission or an abort that changed
+    nothing left no event and changes nothing; a drain shows as the steps it ran. A request
+    whose stop the log's engine sampled (`stop_sampled`) is scripted to stop where it did: its
+    outputs at that finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off
+    the log)."""
     stops = sampled_stops or {}
     ops: list[ArOp] = []
     submitted = 0
@@ -56,6 +65,12 @@ def operations(
             submitted += 1
         elif isinstance(e, ArAborted):
             ops.append(ArAbort(e.request_id))
+        elif (isinstance(e, ArPreempted) and e.reset) or isinstance(e, ArPauseSet):
+            what = "pauses the scheduler" if isinstance(e, ArPauseSet) else "resets its cache"
+            raise CannotDrive(
+                f"the log {what} between steps, an operator's operation no AR twin replays: "
+                "check the log without --twin"
+            )
         elif isinstance(e, ArStepEnd):
             ops.append(ArStep())
     return ops

@@ -21,7 +21,10 @@ in docs/schedulers.md.
 ### Event order within a step
 
 1. **Between steps**: `ArSubmitted`; `ArAborted` after the `ArBlocksFreed` of what the request
-   held.
+   held; an operator's `ArPauseSet(state)` (`unpaused`, `paused_new`: no admission,
+   `paused_all`: nothing scheduled; rule `pause`) and a cache reset's `ArPreempted(...,
+   reset=true)` for each running request it preempts, the last first (no victim rule; the
+   next step may admit it again).
 2. **Scheduling phase** (the engine's `schedule()`): `ArPreempted` (with every block the victim
    held), and per scheduled request `ArCacheHit` (an admitted request's cached prefix blocks),
    `ArBlocksAllocated` (fresh blocks appended to its table), then `ArScheduled` (its tokens).

@@ -91,11 +91,17 @@ class ArScheduled:
 class ArPreempted:
     """A running request was preempted: every block it held (`freed`) went back to the pool,
     its computed tokens are discarded (recompute from zero) and it waits again at the head of
-    the queue."""
+    the queue.
+
+    `reset`: preempted by an operator's cache reset between steps, not by the scheduler's
+    choice (vLLM's `reset_prefix_cache(reset_running_requests=True)`, which a pause for a
+    weight update calls: it preempts every running request, last first, so they wait in their
+    running order). Outside any schedule phase; no victim rule applies."""
 
     kind: ClassVar[str] = "ar_preempted"
     request_id: str
     freed: tuple[int, ...]
+    reset: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,21 @@ class ArAborted:
     request_id: str
 
 
+#: The scheduler's pause states (vLLM's `PauseState`, lower case): scheduling as usual; only
+#: requests that run (or hold KV) are scheduled, none admitted; nothing is scheduled.
+AR_PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
+
+
+@dataclass(frozen=True, slots=True)
+class ArPauseSet:
+    """An operator set the scheduler's pause state between steps (`AR_PAUSE_STATES`; vLLM's
+    `set_pause_state`, which `pause_scheduler` calls around a weight update). Under
+    "paused_new" a step admits no request; under "paused_all" it schedules nothing."""
+
+    kind: ClassVar[str] = "ar_pause_set"
+    state: str
+
+
 @dataclass(frozen=True, slots=True)
 class ArStepEnd:
     """The model ran step `step_index` over every request scheduled in it."""
@@ -143,6 +164,7 @@ ArEvent = (
     | ArBlocksFreed
     | ArFinished
     | ArAborted
+    | ArPauseSet
     | ArStepEnd
 )
 
@@ -156,6 +178,7 @@ AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArBlocksFreed,
     ArFinished,
     ArAborted,
+    ArPauseSet,
     ArStepEnd,
 )
 

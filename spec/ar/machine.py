@@ -46,6 +46,7 @@ from spec.ar.config import (
     validate_ar_request,
 )
 from spec.ar.events import (
+    AR_PAUSE_STATES,
     ArAborted,
     ArBlocksAllocated,
     ArBlocksFreed,
@@ -54,6 +55,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArPauseSet,
     ArPreempted,
     ArScheduled,
     ArStepEnd,
@@ -193,6 +195,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         # blocks uncached because their content was never computed -> why (for the messages)
         self._unwritten: dict[int, str] = {}
         self._step = _Step()
+        self._pause = "unpaused"  # `ArPauseSet`: the operator's pause state
         self._arrivals = 0
         self._decode_entries = 0  # requests that have started decoding, over the run
         # the prefill cadence (`ArPolicy.prefill_interval`): executed steps, the last that
@@ -246,6 +249,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             scheduled=dict(self._step.scheduled),
             preempted=tuple(self._step.preempted),
             cached=dict(self._cache),
+            pause=self._pause,
         )
 
     def render(self) -> str:
@@ -317,6 +321,37 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._check_batch_end_released(event)
         st.in_schedule_phase = True
         self._begin_cadence()
+
+    def _pause_set(self, e: ArPauseSet) -> None:
+        if e.state not in AR_PAUSE_STATES:
+            raise self._fail(
+                ArRule.PAUSE, f"pause state {e.state!r}: one of {list(AR_PAUSE_STATES)}", e
+            )
+        if self._step.in_schedule_phase:
+            raise self._fail(
+                ArRule.PAUSE,
+                f"the pause state set to {e.state} inside step {self._step.index}'s schedule "
+                "phase: an operator pauses or resumes between steps",
+                e,
+            )
+        self._pause = e.state
+
+    def _check_pause(self, r: _Req, e: ArEvent) -> None:
+        """`pause`: paused_all schedules nothing; paused_new admits no request."""
+        if self._pause == "paused_all":
+            raise self._fail(
+                ArRule.PAUSE,
+                f"{type(e).__name__} for {r.request_id!r} while the scheduler is paused_all: "
+                "a step then schedules, allocates and preempts nothing",
+                e,
+            )
+        if self._pause == "paused_new" and r.phase in AR_QUEUED_PHASES:
+            raise self._fail(
+                ArRule.PAUSE,
+                f"{type(e).__name__} for {r.request_id!r} ({r.phase.value}) while the "
+                "scheduler is paused_new: only requests that run are scheduled, none admitted",
+                e,
+            )
 
     def _enter_admission_phase(self, r: _Req) -> None:
         """The first event of a queued request in a step starts its admission phase: the
@@ -583,6 +618,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def _cache_hit(self, e: ArCacheHit) -> None:
         cfg = self.config
         r = self._active(e.request_id, e)
+        self._check_pause(r, e)
         self._enter_schedule_phase(e)
         self._enter_admission_phase(r)
         if not cfg.enable_prefix_caching:
@@ -667,6 +703,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def _blocks_allocated(self, e: ArBlocksAllocated) -> None:
         cfg = self.config
         r = self._active(e.request_id, e)
+        self._check_pause(r, e)
         self._enter_schedule_phase(e)
         self._enter_admission_phase(r)
         self._check_readmission(r, e)
@@ -706,6 +743,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def _scheduled(self, e: ArScheduled) -> None:
         cfg, rules, st = self.config, self.rules, self._step
         r = self._active(e.request_id, e)
+        self._check_pause(r, e)
         self._enter_schedule_phase(e)
         self._enter_admission_phase(r)
         self._check_not_released(r, e)
@@ -968,8 +1006,12 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 )
 
     def _preempted(self, e: ArPreempted) -> None:
+        if e.reset:
+            self._reset_preempted(e)
+            return
         rules, st = self.rules, self._step
         r = self._active(e.request_id, e)
+        self._check_pause(r, e)
         self._enter_schedule_phase(e)
         st.preempted_with_free |= self.free_blocks > 0  # `preemption_may_empty_step` reads it
         if r.phase is not ArPhase.RUNNING:
@@ -1014,6 +1056,31 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"{expected.request_id!r}",
                 e,
             )
+        self._take_back(r, e)
+        st.preempted.append(r.request_id)
+
+    def _reset_preempted(self, e: ArPreempted) -> None:
+        """An operator's cache reset preempts a running request between steps (`ArPreempted`
+        with `reset`): no victim rule applies, and the next step may readmit it."""
+        r = self._active(e.request_id, e)
+        if self._step.in_schedule_phase:
+            raise self._fail(
+                ArRule.LIFECYCLE,
+                f"{r.request_id!r} preempted by a cache reset inside step {self._step.index}'s "
+                f"schedule phase: a reset preempts between steps",
+                e,
+            )
+        if r.phase is not ArPhase.RUNNING:
+            raise self._fail(
+                ArRule.LIFECYCLE, f"preempted {r.request_id!r}, which is not running", e
+            )
+        self._take_back(r, e)
+        r.phase = ArPhase.WAITING  # between steps: it waits from now, the next step may admit it
+
+    def _take_back(self, r: _Req, e: ArPreempted) -> None:
+        """A preemption's effect: every block freed, the computed tokens discarded, the
+        request at the head of the queue (in arrival order under a look-ahead)."""
+        st = self._step
         for b in e.freed:
             if r.request_id not in self._holders.get(b, ()):
                 raise self._fail(
@@ -1034,7 +1101,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         # LOWEST_PRIORITY_ANY: a victim scheduled in this step is unscheduled, its tokens
         # returned to the budget, and what that scheduling cached is uncached: the forward
         # never writes it.
-        if st.scheduled.pop(r.request_id, None) is not None:
+        if st.in_schedule_phase and st.scheduled.pop(r.request_id, None) is not None:
             self._uncache_unwritten(r)
         r.blocks.clear()
         r.num_computed = 0
@@ -1044,12 +1111,11 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r.wait_since = st.index
         r.decoding_since = None
         self._running.remove(r.request_id)
-        if rules.fcfs_lookahead is None:
+        if self.rules.fcfs_lookahead is None:
             self._waiting.insert(0, r.request_id)
         else:  # the look-ahead's queue is in arrival order
             place = sum(1 for q in self._waiting if self._requests[q].arrival < r.arrival)
             self._waiting.insert(place, r.request_id)
-        st.preempted.append(r.request_id)
         self._touch(r)
 
     def _check_soft_preemption_needed(self, r: _Req, e: ArPreempted) -> None:
@@ -1096,14 +1162,23 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             and not st.preempted_with_free
             and not self._running
         )
-        if total == 0 and (self._running or self._waiting) and not emptied:
+        # paused: nothing is asked of a step (paused_all) or of the waiting requests (paused_new)
+        asked = {
+            "unpaused": bool(self._running or self._waiting),
+            "paused_new": bool(self._running),
+        }
+        if total == 0 and asked.get(self._pause, False) and not emptied:
             raise self._fail(
                 ArRule.PROGRESS,
                 f"step {st.index} scheduled nothing with {len(self._running)} running and "
                 f"{len(self._waiting)} waiting",
                 e,
             )
-        if rules.token_floor and len(self._running) <= cfg.max_num_batched_tokens:
+        if (
+            rules.token_floor
+            and len(self._running) <= cfg.max_num_batched_tokens
+            and self._pause != "paused_all"
+        ):
             starved = [q for q in self._running if q not in st.scheduled]
             if starved:
                 raise self._fail(
@@ -1481,6 +1556,7 @@ ArSpecMachine.handlers = MappingProxyType(
         ArBlocksFreed: ArSpecMachine._blocks_freed,
         ArFinished: ArSpecMachine._finished,
         ArAborted: ArSpecMachine._aborted,
+        ArPauseSet: ArSpecMachine._pause_set,
     }
 )
 

@@ -29,6 +29,7 @@ class ArRule(StrEnum):
     ADMISSION_WATERMARK = "admission_watermark"
     PREFILL_CADENCE = "prefill_cadence"
     PROGRESS = "progress"
+    PAUSE = "pause"
     STEP_ORDER = "step_order"
     KV_COVERS_SCHEDULED = "kv_covers_scheduled"
     KV_COVERS_COMPUTED = "kv_covers_computed"
@@ -105,6 +106,9 @@ _AR_RULES: dict[ArRule, str] = {
     "free, left nothing running may schedule nothing, the next one may not); "
     "every call (submit, abort, a step, drain, snapshot) returns: one still running at the "
     "checker's call deadline is a hang.",
+    ArRule.PAUSE: "An operator's pause (`ar_pause_set`, between steps) holds until the next: "
+    "under paused_new a step admits no request (running ones go on, and progress asks nothing "
+    "of the waiting ones); under paused_all it schedules, allocates and preempts nothing.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "

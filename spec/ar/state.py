@@ -55,6 +55,7 @@ class ArState:
     scheduled: Mapping[str, int]  # this step so far
     preempted: tuple[str, ...]  # this step so far
     cached: Mapping[int, int] = field(default_factory=dict)  # block -> cached content key
+    pause: str = "unpaused"  # the operator's pause state (`ArPauseSet`)
 
     @property
     def block_owners(self) -> Mapping[int, str]:
@@ -76,7 +77,7 @@ def render(s: ArState) -> str:
     lines = [
         f"step {s.step_index}: scheduled {dict(s.scheduled)} "
         f"({sum(s.scheduled.values())}/{c.max_num_batched_tokens} tokens), "
-        f"preempted {list(s.preempted)}",
+        f"preempted {list(s.preempted)}" + ("" if s.pause == "unpaused" else f"; {s.pause}"),
         f"pool: {len(s.free_blocks)} free of {c.usable_blocks} usable blocks "
         f"(block_size {c.block_size}{', null block 0' if c.reserve_null_block else ''}"
         f"{f', {len(s.cached)} cached' if c.enable_prefix_caching else ''}); "

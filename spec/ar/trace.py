@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from spec.ar.config import AdmissionOrder, ArConfig, ArRules, Policy, VictimOrder
-from spec.ar.events import AR_EVENT_BY_KIND, ArEvent, ArFinishReason
+from spec.ar.events import AR_EVENT_BY_KIND, AR_PAUSE_STATES, ArEvent, ArFinishReason
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError
 from spec.json_text import not_json_detail, parse_json
@@ -78,9 +78,13 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
         if not isinstance(value, list) or not all(_is_int(b) for b in value):
             raise bad(_INTS + (" or null" if name == "prompt" else ""))
         return tuple(value)
-    if name == "stop_sampled":
+    if name in ("stop_sampled", "reset"):
         if not isinstance(value, bool):
             raise bad("true or false")
+        return value
+    if name == "state":
+        if value not in AR_PAUSE_STATES:
+            raise bad(f"one of {list(AR_PAUSE_STATES)}")
         return value
     if name == "reason":
         try:
@@ -92,11 +96,12 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
 
 def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
     """The event as a JSON-ready object (`stop_sampled` only when set: most logs script their
-    stops, and the field is then left out; `cache_read_limit` likewise only when bounded)."""
+    stops, and the field is then left out; `reset` likewise only when set; `cache_read_limit`
+    only when bounded)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
-        if f.name == "stop_sampled" and not value:
+        if f.name in ("stop_sampled", "reset") and not value:
             continue
         if f.name == "cache_read_limit" and value is None:
             continue

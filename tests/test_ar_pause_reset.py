@@ -1,0 +1,168 @@
+"""An operator's pause and cache reset in an AR log (`ArPauseSet`, `ArPreempted(reset=True)`).
+
+vLLM pauses its scheduler around an RL weight update (`pause_scheduler`: `PauseState`
+PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing) and, once idle, clears the caches
+with `reset_prefix_cache(reset_running_requests=True)`, which preempts every running request,
+the last first. A live log of that used to fail `progress` (a paused step schedules nothing)
+and `no_admission_after_preemption` / `finish_released` (the reset's preemptions were not in
+the log). Both are now events of the log, checked by the rule `pause` and by the preemption
+rules without a victim order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from properties.ar.decisions import operations
+from properties.ar.trace_check import check_ar_trace
+from schedspec_cli.main import main
+from spec.ar.config import ArConfig
+from spec.ar.events import (
+    ArBlocksAllocated,
+    ArEvent,
+    ArPauseSet,
+    ArPreempted,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.trace import write_ar_trace
+from spec.errors import CannotDrive
+from spec.trace import TraceFormatError
+
+CFG = ArConfig(block_size=4, num_blocks=9, max_num_batched_tokens=16, max_num_seqs=2)
+
+
+def log_of(events: list[ArEvent]) -> list[str]:
+    out = io.StringIO()
+    write_ar_trace(events, out, CFG)
+    return out.getvalue().splitlines(keepends=True)
+
+
+def verdict(events: list[ArEvent]) -> tuple[str, str]:
+    """(rule, message) of the log of `events`; ("", "") when it conforms."""
+    result = check_ar_trace(log_of(events))
+    if result.violation is None:
+        return "", ""
+    return str(result.violation.rule), str(result.violation)
+
+
+# a runs from step 0 (4 prompt tokens, 4 outputs to go); b arrives after it
+A_RUNS: list[ArEvent] = [
+    ArSubmitted("a", 4, 4),
+    ArBlocksAllocated("a", (1, 2)),
+    ArScheduled("a", 4),
+    ArStepEnd(0),
+    ArSubmitted("b", 4, 2),
+]
+
+
+def test_paused_all_steps_schedule_nothing_and_owe_no_progress() -> None:
+    events = [*A_RUNS, ArPauseSet("paused_all"), ArStepEnd(1), ArStepEnd(2)]
+    assert verdict(events) == ("", "")
+    rule, message = verdict([*A_RUNS, ArPauseSet("paused_all"), ArScheduled("a", 1)])
+    assert rule == "pause", message
+    assert "ArScheduled for 'a' while the scheduler is paused_all" in message, message
+    assert "preempted []; paused_all" in message, message  # the state says it is paused
+
+
+def test_paused_new_runs_the_running_and_admits_no_one() -> None:
+    events = [*A_RUNS, ArPauseSet("paused_new"), ArScheduled("a", 1), ArStepEnd(1)]
+    assert verdict(events) == ("", "")
+    rule, message = verdict([*A_RUNS, ArPauseSet("paused_new"), ArScheduled("b", 4)])
+    assert rule == "pause", message
+    assert "for 'b' (waiting) while the scheduler is paused_new" in message, message
+
+
+def test_paused_new_still_owes_progress_to_the_running() -> None:
+    rule, message = verdict([*A_RUNS, ArPauseSet("paused_new"), ArStepEnd(1)])
+    assert rule == "progress", message
+
+
+def test_resumed_the_waiting_are_admitted_again() -> None:
+    events = [
+        *A_RUNS,
+        ArPauseSet("paused_all"),
+        ArStepEnd(1),
+        ArPauseSet("unpaused"),
+        ArScheduled("a", 1),
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("b", 4),
+        ArStepEnd(2),
+    ]
+    assert verdict(events) == ("", "")
+
+
+def test_a_pause_is_set_between_steps() -> None:
+    rule, message = verdict([*A_RUNS, ArScheduled("a", 1), ArPauseSet("paused_all")])
+    assert rule == "pause", message
+    assert "inside step 1's schedule phase" in message, message
+
+
+def test_a_reset_preempts_between_steps_and_the_next_step_readmits() -> None:
+    events = [
+        *A_RUNS,
+        ArPreempted("a", (1, 2), reset=True),
+        ArBlocksAllocated("a", (3, 4)),
+        ArScheduled("a", 5),
+        ArStepEnd(1),
+    ]
+    assert verdict(events) == ("", "")
+
+
+def test_a_reset_inside_a_schedule_phase_is_refused() -> None:
+    events = [
+        *A_RUNS,
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("b", 4),
+        ArPreempted("a", (1, 2), reset=True),
+    ]
+    rule, message = verdict(events)
+    assert rule == "lifecycle", message
+    assert "preempted by a cache reset inside step 1's schedule phase" in message, message
+
+
+def test_the_log_round_trips_both_and_refuses_an_unknown_state() -> None:
+    lines = log_of([*A_RUNS, ArPauseSet("paused_new"), ArPreempted("a", (1, 2), reset=True)])
+    assert json.loads(lines[-2]) == {"kind": "ar_pause_set", "state": "paused_new"}
+    assert json.loads(lines[-1]) == {
+        "kind": "ar_preempted",
+        "request_id": "a",
+        "freed": [1, 2],
+        "reset": True,
+    }
+    plain = log_of([*A_RUNS[:3], ArPreempted("a", (1, 2))])
+    assert "reset" not in plain[-1]  # a scheduler's preemption is written as before
+    bad = [*lines[:-2], '{"kind": "ar_pause_set", "state": "paused"}\n']
+    with pytest.raises(TraceFormatError, match=r"line 7: ar_pause_set.state='paused': must be one"):
+        check_ar_trace(bad)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [ArPauseSet("paused_all"), ArPreempted("a", (1, 2), reset=True)],
+    ids=["pause", "reset"],
+)
+def test_no_twin_replays_an_operators_operation(event: ArEvent) -> None:
+    with pytest.raises(CannotDrive, match="no AR twin replays: check the log without --twin"):
+        operations([*A_RUNS, event])
+
+
+def test_check_trace_with_a_twin_on_a_paused_log_is_one_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 with one line, and no `OK` printed before it (a CI grepping `^OK` must not pass)."""
+    log = tmp_path / "paused.jsonl"
+    log.write_text("".join(log_of([*A_RUNS, ArPauseSet("paused_all"), ArStepEnd(1)])))
+    verdict_file = tmp_path / "verdict.json"
+    code = main(["check-trace", str(log), "--twin", "vllm-v1", "--json", str(verdict_file)])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert "OK" not in out, out
+    assert "pauses the scheduler between steps" in err and len(err.strip().splitlines()) == 1
+    assert json.loads(verdict_file.read_text())["verdict"] == "error"
+    assert main(["check-trace", str(log)]) == 0  # without the twin the log conforms
