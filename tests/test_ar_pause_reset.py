@@ -1,4 +1,5 @@
-"""An operator's pause and cache reset in an AR log (`ArPauseSet`, `ArPreempted(reset=True)`).
+"""An operator's pause and cache reset in an AR log (`ArPauseSet`, `ArPreempted(reset=True)`,
+`ArCacheReset`).
 
 vLLM pauses its scheduler around an RL weight update (`pause_scheduler`: `PauseState`
 PAUSED_NEW admits nothing, PAUSED_ALL schedules nothing) and, once idle, clears the caches
@@ -22,7 +23,12 @@ from properties.ar.trace_check import check_ar_trace
 from schedspec_cli.main import main
 from spec.ar.config import ArConfig
 from spec.ar.events import (
+    ArAborted,
     ArBlocksAllocated,
+    ArBlocksFreed,
+    ArCacheEvicted,
+    ArCacheHit,
+    ArCacheReset,
     ArEvent,
     ArPauseSet,
     ArPreempted,
@@ -35,17 +41,18 @@ from spec.errors import CannotDrive
 from spec.trace import TraceFormatError
 
 CFG = ArConfig(block_size=4, num_blocks=9, max_num_batched_tokens=16, max_num_seqs=2)
+CACHING = CFG.replace(enable_prefix_caching=True)
 
 
-def log_of(events: list[ArEvent]) -> list[str]:
+def log_of(events: list[ArEvent], config: ArConfig = CFG) -> list[str]:
     out = io.StringIO()
-    write_ar_trace(events, out, CFG)
+    write_ar_trace(events, out, config)
     return out.getvalue().splitlines(keepends=True)
 
 
-def verdict(events: list[ArEvent]) -> tuple[str, str]:
+def verdict(events: list[ArEvent], config: ArConfig = CFG) -> tuple[str, str]:
     """(rule, message) of the log of `events`; ("", "") when it conforms."""
-    result = check_ar_trace(log_of(events))
+    result = check_ar_trace(log_of(events, config))
     if result.violation is None:
         return "", ""
     return str(result.violation.rule), str(result.violation)
@@ -107,11 +114,68 @@ def test_a_reset_preempts_between_steps_and_the_next_step_readmits() -> None:
     events = [
         *A_RUNS,
         ArPreempted("a", (1, 2), reset=True),
+        ArCacheReset(),
         ArBlocksAllocated("a", (3, 4)),
         ArScheduled("a", 5),
         ArStepEnd(1),
     ]
     assert verdict(events) == ("", "")
+
+
+def test_a_reset_empties_the_cache_what_was_cached_is_no_hit() -> None:
+    """The review's false pass: r0 readmitted after the reset with a hit on blocks cached from
+    the old weights. The reset now empties the spec's cache, and the hit is refused."""
+    prompt = tuple(range(100, 109))
+    events: list[ArEvent] = [
+        ArSubmitted("a", 9, 4, prompt=prompt),
+        ArBlocksAllocated("a", (1, 2, 3)),
+        ArScheduled("a", 9),
+        ArStepEnd(0),
+        ArPreempted("a", (1, 2, 3), reset=True),
+        ArCacheReset(),
+        ArCacheHit("a", (1, 2)),
+    ]
+    rule, message = verdict(events, CACHING)
+    assert rule == "cache_hit_cached", message
+    assert "claims block 1 as its prefix block 0, but block 1 is not cached" in message, message
+
+
+def test_a_reset_takes_every_running_request_first() -> None:
+    """The review's partial reset: b preempted, a left running with its old KV."""
+    events = [
+        *A_RUNS,
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("a", 1),
+        ArScheduled("b", 4),
+        ArStepEnd(1),
+        ArPreempted("b", (3,), reset=True),
+        ArCacheReset(),
+    ]
+    rule, message = verdict(events)
+    assert rule == "cache_reset", message
+    assert "reset with ['a'] running and ['a'] holding blocks" in message, message
+
+
+def test_a_reset_preemption_is_followed_by_the_reset() -> None:
+    events = [*A_RUNS, ArPreempted("a", (1, 2), reset=True), ArStepEnd(1)]
+    rule, message = verdict(events)
+    assert rule == "cache_reset", message
+    assert "preempted ['a'], and no ar_cache_reset followed before step 1" in message, message
+
+
+def test_a_reset_does_not_stand_in_for_a_finish() -> None:
+    """The review's third find: a owes its finish (its one output is out) and is reset,
+    recomputed and finished with two outputs. Refused at the reset."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 1),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 4),
+        ArStepEnd(0),
+        ArPreempted("a", (1,), reset=True),
+    ]
+    rule, message = verdict(events)
+    assert rule == "finish_released", message
+    assert "preempted by a cache reset instead of finishing" in message, message
 
 
 def test_a_reset_inside_a_schedule_phase_is_refused() -> None:
@@ -166,3 +230,41 @@ def test_check_trace_with_a_twin_on_a_paused_log_is_one_input_error(
     assert "pauses the scheduler between steps" in err and len(err.strip().splitlines()) == 1
     assert json.loads(verdict_file.read_text())["verdict"] == "error"
     assert main(["check-trace", str(log)]) == 0  # without the twin the log conforms
+
+
+def test_a_reset_preempts_the_last_running_request_first() -> None:
+    """vLLM pops `running` from its end, so the requests wait again in their running order."""
+    two_run = [
+        *A_RUNS,
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("a", 1),
+        ArScheduled("b", 4),
+        ArStepEnd(1),
+    ]
+    in_order = [
+        *two_run,
+        ArPreempted("b", (3,), reset=True),
+        ArPreempted("a", (1, 2), reset=True),
+        ArCacheReset(),
+    ]
+    assert verdict(in_order) == ("", "")
+    rule, message = verdict([*two_run, ArPreempted("a", (1, 2), reset=True)])
+    assert rule == "cache_reset", message
+    assert "preempted 'a' before 'b': it preempts the last running request first" in message
+
+
+def test_a_paused_all_step_evicts_nothing() -> None:
+    prompt = tuple(range(100, 109))
+    events: list[ArEvent] = [
+        ArSubmitted("a", 9, 4, prompt=prompt),
+        ArBlocksAllocated("a", (1, 2, 3)),
+        ArScheduled("a", 9),
+        ArStepEnd(0),
+        ArBlocksFreed("a", (1, 2, 3)),
+        ArAborted("a"),
+        ArPauseSet("paused_all"),
+        ArCacheEvicted((1,)),
+    ]
+    rule, message = verdict(events, CACHING)
+    assert rule == "pause", message
+    assert "evicted cached blocks [1] while the scheduler is paused_all" in message, message

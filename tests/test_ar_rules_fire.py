@@ -23,6 +23,7 @@ from spec.ar.events import (
     ArBlocksAllocated,
     ArBlocksFreed,
     ArCacheHit,
+    ArCacheReset,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -111,6 +112,7 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
         [ArSubmitted("a", 4, 1), *ADMIT_A[1:], ArStepEnd(0), ArStepEnd(1)],
         CFG,
     ),
+    "cache_reset": ([*STEP_0, ArCacheReset()], CFG),  # a still runs, holding block 1
     "pause": (
         # paused_new between steps: b, waiting, is admitted all the same
         [*STEP_0, ArSubmitted("b", 4, 2), ArPauseSet("paused_new"), ArBlocksAllocated("b", (2,))],

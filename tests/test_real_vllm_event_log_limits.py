@@ -94,7 +94,8 @@ def test_a_live_log_with_pauses_and_cache_resets_conforms(mode: str) -> None:
     """vLLM's engine-core loop pausing now and then in `mode` (`integrations.vllm.pauses`),
     clearing the caches once idle and resuming, prefix caching on. Before `ArPauseSet` and the
     reset's `ArPreempted(reset=True)` such logs failed `progress` (a paused step schedules
-    nothing) and, in "keep" (running requests preempted by the reset), the admission rules."""
+    nothing) and, in "keep" (running requests preempted by the reset), the admission rules;
+    without `ArCacheReset` a hit on KV cached before the reset conformed."""
     kinds: Counter[str] = Counter()
     for seed in range(8):
         program = core_program(seed)
@@ -115,7 +116,9 @@ def test_a_live_log_with_pauses_and_cache_resets_conforms(mode: str) -> None:
                 kinds[event["state"]] += 1
             elif event["kind"] == "ar_preempted" and event.get("reset"):
                 kinds["reset"] += 1
+            elif event["kind"] == "ar_cache_reset":
+                kinds["cache_reset"] += 1
     paused = "paused_all" if mode == "keep" else "paused_new"
-    assert kinds[paused] >= 1 and kinds["unpaused"] >= 1, kinds
+    assert kinds[paused] >= 1 and kinds["unpaused"] >= 1 and kinds["cache_reset"] >= 1, kinds
     if mode == "keep":  # running requests wait out a "keep" pause, and the reset preempts them
         assert kinds["reset"] >= 1, kinds

@@ -21,7 +21,8 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
 - `finish_requests`: the blocks it freed and `ArAborted` for each request it ended (vLLM passes
   `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found);
 - `reset_prefix_cache`: with `reset_running_requests` (a pause for a weight update clears the
-  caches so), `ArPreempted` with `reset` for every running request it preempted;
+  caches so), `ArPreempted` with `reset` for every running request it preempted, then
+  `ArCacheReset` where the cache was emptied;
 - `set_pause_state` (`pause_scheduler`, `resume_scheduler`): `ArPauseSet` with the new state.
 
 Each call's events are derived only from queues that can be read as a state of the spec's
@@ -80,6 +81,7 @@ from spec.ar.config import ArConfig, Policy
 from spec.ar.events import (
     ArAborted,
     ArBlocksFreed,
+    ArCacheReset,
     ArEvent,
     ArFinished,
     ArPauseSet,
@@ -295,20 +297,26 @@ class VllmEventLog:
         return result
 
     def _reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's cache reset; with `reset_running_requests` it preempts every running request,
-        the last first (so they wait in their running order): `ArPreempted` with `reset` for
-        each, between steps."""
+        """vLLM's cache reset: with `reset_running_requests` it first preempts every running
+        request, the last first (so they wait in their running order): `ArPreempted` with
+        `reset` for each; then, where the cache was emptied with no block referenced,
+        `ArCacheReset`. What it did is logged even when vLLM then raises (its reset failing
+        after the preemptions): the steps after are not blamed on it."""
         before = self._view("before reset_prefix_cache()")
-        result = self._calls["reset_prefix_cache"](*args, **kwargs)
-        after = self._view("after reset_prefix_cache()")
-        preempted = [rid for rid in reversed(before.running) if rid not in after.running]
-        for rid in preempted:
-            self._emit(ArPreempted(rid, before.table(rid), reset=True))
-        gone = set(preempted)
-        for freed in release_events(before, after):
-            if isinstance(freed, ArBlocksFreed) and freed.request_id not in gone:
-                self._emit(freed)
-        return result
+        try:
+            return self._calls["reset_prefix_cache"](*args, **kwargs)
+        finally:
+            after = self._view("after reset_prefix_cache()")
+            preempted = [rid for rid in reversed(before.running) if rid not in after.running]
+            for rid in preempted:
+                self._emit(ArPreempted(rid, before.table(rid), reset=True))
+            gone = set(preempted)
+            for freed in release_events(before, after):
+                if isinstance(freed, ArBlocksFreed) and freed.request_id not in gone:
+                    self._emit(freed)
+            held = any(after.block_tables.values())
+            if (preempted or before.cached) and not after.cached and not held:
+                self._emit(ArCacheReset())
 
     def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call the scheduler's `name`, then log the blocks the call freed. Called inside

@@ -22,9 +22,10 @@ in docs/schedulers.md.
 
 1. **Between steps**: `ArSubmitted`; `ArAborted` after the `ArBlocksFreed` of what the request
    held; an operator's `ArPauseSet(state)` (`unpaused`, `paused_new`: no admission,
-   `paused_all`: nothing scheduled; rule `pause`) and a cache reset's `ArPreempted(...,
+   `paused_all`: nothing scheduled; rule `pause`) and a cache reset: `ArPreempted(...,
    reset=true)` for each running request it preempts, the last first (no victim rule; the
-   next step may admit it again).
+   next step may admit it again), then `ArCacheReset` (nothing held; every cached block goes;
+   rule `cache_reset`).
 2. **Scheduling phase** (the engine's `schedule()`): `ArPreempted` (with every block the victim
    held), and per scheduled request `ArCacheHit` (an admitted request's cached prefix blocks),
    `ArBlocksAllocated` (fresh blocks appended to its table), then `ArScheduled` (its tokens).

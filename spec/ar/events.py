@@ -96,7 +96,7 @@ class ArPreempted:
     `reset`: preempted by an operator's cache reset between steps, not by the scheduler's
     choice (vLLM's `reset_prefix_cache(reset_running_requests=True)`, which a pause for a
     weight update calls: it preempts every running request, last first, so they wait in their
-    running order). Outside any schedule phase; no victim rule applies."""
+    running order, then `ArCacheReset`). Outside any schedule phase; no victim rule applies."""
 
     kind: ClassVar[str] = "ar_preempted"
     request_id: str
@@ -140,10 +140,21 @@ AR_PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
 class ArPauseSet:
     """An operator set the scheduler's pause state between steps (`AR_PAUSE_STATES`; vLLM's
     `set_pause_state`, which `pause_scheduler` calls around a weight update). Under
-    "paused_new" a step admits no request; under "paused_all" it schedules nothing."""
+    "paused_new" a step admits no request (vLLM also admits a waiting request that holds KV,
+    which no AR log has); under "paused_all" it schedules nothing."""
 
     kind: ClassVar[str] = "ar_pause_set"
     state: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArCacheReset:
+    """An operator emptied the prefix cache between steps, with no block referenced (vLLM's
+    `reset_prefix_cache`, after new weights: what was cached is stale). With
+    `reset_running_requests` vLLM first preempts every running request (`ArPreempted` with
+    `reset`, each), then resets."""
+
+    kind: ClassVar[str] = "ar_cache_reset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +176,7 @@ ArEvent = (
     | ArFinished
     | ArAborted
     | ArPauseSet
+    | ArCacheReset
     | ArStepEnd
 )
 
@@ -179,6 +191,7 @@ AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArFinished,
     ArAborted,
     ArPauseSet,
+    ArCacheReset,
     ArStepEnd,
 )
 

@@ -52,6 +52,7 @@ from spec.ar.events import (
     ArBlocksFreed,
     ArCacheEvicted,
     ArCacheHit,
+    ArCacheReset,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -196,6 +197,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._unwritten: dict[int, str] = {}
         self._step = _Step()
         self._pause = "unpaused"  # `ArPauseSet`: the operator's pause state
+        self._reset_pending: list[str] = []  # preempted by a reset whose `ArCacheReset` is due
         self._arrivals = 0
         self._decode_entries = 0  # requests that have started decoding, over the run
         # the prefill cadence (`ArPolicy.prefill_interval`): executed steps, the last that
@@ -319,6 +321,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             return
         self._check_finished_released(event)
         self._check_batch_end_released(event)
+        self._check_reset_done(event)
         st.in_schedule_phase = True
         self._begin_cadence()
 
@@ -335,6 +338,38 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 e,
             )
         self._pause = e.state
+
+    def _cache_reset(self, e: ArCacheReset) -> None:
+        """`cache_reset`: between steps, nothing running or held; every cached block goes."""
+        if self._step.in_schedule_phase:
+            raise self._fail(
+                ArRule.CACHE_RESET,
+                f"the prefix cache reset inside step {self._step.index}'s schedule phase: an "
+                "operator resets between steps",
+                e,
+            )
+        if self._running or self._holders:
+            holders = sorted({h for held in self._holders.values() for h in held})
+            raise self._fail(
+                ArRule.CACHE_RESET,
+                f"the prefix cache reset with {list(self._running)} running and "
+                f"{holders} holding blocks: a reset first preempts every running request "
+                "(ar_preempted with reset), or is refused",
+                e,
+            )
+        self._dirty_blocks.update(self._cache)
+        self._cache.clear()
+        self._unwritten.clear()
+        self._reset_pending.clear()
+
+    def _check_reset_done(self, event: ArEvent) -> None:
+        if self._reset_pending:
+            raise self._fail(
+                ArRule.CACHE_RESET,
+                f"a cache reset preempted {self._reset_pending}, and no ar_cache_reset "
+                f"followed before step {self._step.index}",
+                event,
+            )
 
     def _check_pause(self, r: _Req, e: ArEvent) -> None:
         """`pause`: paused_all schedules nothing; paused_new admits no request."""
@@ -683,6 +718,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._touch(r)
 
     def _cache_evicted(self, e: ArCacheEvicted) -> None:
+        if self._pause == "paused_all":
+            raise self._fail(
+                ArRule.PAUSE,
+                f"evicted cached blocks {list(e.blocks)} while the scheduler is paused_all: it "
+                "allocates nothing, so evicts nothing (an operator's reset is ar_cache_reset)",
+                e,
+            )
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail(
                 ArRule.EVICT_UNREFERENCED_ONLY, f"blocks {list(e.blocks)} empty or repeated", e
@@ -1074,7 +1116,23 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             raise self._fail(
                 ArRule.LIFECYCLE, f"preempted {r.request_id!r}, which is not running", e
             )
+        due = finish_reason(r)
+        if due is not None:
+            raise self._fail(
+                ArRule.FINISH_RELEASED,
+                f"{r.request_id!r} met its finish condition ({due.value}: {r.num_output} "
+                "outputs) and was preempted by a cache reset instead of finishing",
+                e,
+            )
+        if self._running[-1] != r.request_id:
+            raise self._fail(
+                ArRule.CACHE_RESET,
+                f"a cache reset preempted {r.request_id!r} before {self._running[-1]!r}: it "
+                "preempts the last running request first, so they wait in running order",
+                e,
+            )
         self._take_back(r, e)
+        self._reset_pending.append(r.request_id)
         r.phase = ArPhase.WAITING  # between steps: it waits from now, the next step may admit it
 
     def _take_back(self, r: _Req, e: ArPreempted) -> None:
@@ -1149,8 +1207,12 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if not st.in_schedule_phase:
             self._check_finished_released(e)
             self._check_batch_end_released(e)
+            self._check_reset_done(e)
             self._begin_cadence()
-        if not st.admission_phase:  # a step that admitted nothing still reorders (vLLM)
+        paused_all = self._pause == "paused_all"
+        # a step that admitted nothing still reorders (vLLM), unless paused_all: vLLM's
+        # waiting-queue pass, which reorders, is skipped then
+        if not st.admission_phase and not paused_all:
             st.admission_phase = True
             self._reorder_cache_aware()
         total = sum(st.scheduled.values())
@@ -1206,7 +1268,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             if victim is not None and victim.phase is ArPhase.PREEMPTED:
                 victim.phase = ArPhase.WAITING
                 self._touch(victim)
-        self._end_cadence(total, bool(st.preempted))
+        if not paused_all:  # vLLM leaves its prefill cadence untouched in a paused_all step
+            self._end_cadence(total, bool(st.preempted))
         self._step = _Step(index=st.index + 1)
 
     # --- update phase -----------------------------------------------------------
@@ -1557,6 +1620,7 @@ ArSpecMachine.handlers = MappingProxyType(
         ArFinished: ArSpecMachine._finished,
         ArAborted: ArSpecMachine._aborted,
         ArPauseSet: ArSpecMachine._pause_set,
+        ArCacheReset: ArSpecMachine._cache_reset,
     }
 )
 

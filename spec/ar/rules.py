@@ -30,6 +30,7 @@ class ArRule(StrEnum):
     PREFILL_CADENCE = "prefill_cadence"
     PROGRESS = "progress"
     PAUSE = "pause"
+    CACHE_RESET = "cache_reset"
     STEP_ORDER = "step_order"
     KV_COVERS_SCHEDULED = "kv_covers_scheduled"
     KV_COVERS_COMPUTED = "kv_covers_computed"
@@ -109,6 +110,11 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.PAUSE: "An operator's pause (`ar_pause_set`, between steps) holds until the next: "
     "under paused_new a step admits no request (running ones go on, and progress asks nothing "
     "of the waiting ones); under paused_all it schedules, allocates and preempts nothing.",
+    ArRule.CACHE_RESET: "An operator's cache reset (`ar_cache_reset`, between steps) empties the "
+    "prefix cache while no request holds a block; the preemptions that make it so "
+    "(`ar_preempted` with `reset`, between steps, each of a request that owes no finish) take "
+    "every running request, the last first, and are followed by the reset before the next "
+    "step's schedule phase.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
