@@ -30,6 +30,7 @@ from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.engine_core import EngineCoreLoop, core_program
 from integrations.vllm.event_log import VllmEventLog
+from integrations.vllm.sessions import session_program
 from properties.ar.trace_check import check_ar_trace
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
@@ -67,6 +68,22 @@ def test_the_log_refuses_a_scheduler_it_cannot_describe(
         ).run(program)
     assert caught.value.field == field, str(caught.value)
     assert lines == []  # not even a header: nothing that a check could misread
+
+
+def test_the_log_refuses_a_streaming_input_session() -> None:
+    """A session re-adds its request id each turn and keeps its KV between turns: the log
+    used to fail `unique_submission` on it; now the session's request is refused, naming
+    `resumable`, before vLLM sees it."""
+    program = session_program(0)
+    lines: list[str] = []
+
+    def attach(scheduler: Any) -> None:
+        VllmEventLog(scheduler, lines.append)
+
+    with pytest.raises(ConfigError) as caught:
+        EngineCoreLoop(program.config, async_scheduling=False, mutate=attach).run(program)
+    assert caught.value.field == "resumable", str(caught.value)
+    assert check_ar_trace(lines).ok  # what was written before the refusal conforms
 
 
 def test_a_request_vllm_ends_inside_update_from_output_is_logged_once() -> None:

@@ -38,7 +38,8 @@ release other than 0.33.0 and 0.34.0 refused).
 Synchronous scheduling only: an asynchronous scheduler (vLLM's default on CUDA) schedules a
 step ahead of the model, which an AR event log does not describe; attaching to one is a
 `ConfigError` naming `async_scheduling` (serve with `--no-async-scheduling` to log).
-So is attaching to a scheduler whose KV cache is not one full-attention group (a sliding
+So is a streaming-input session's request (`resumable`, refused before vLLM sees it), and
+attaching to a scheduler whose KV cache is not one full-attention group (a sliding
 window or Mamba group frees and recycles blocks of running requests, which one block table
 cannot show), one with a KV connector (it loads KV into waiting requests and frees finished
 ones' blocks late), or one with speculative decoding (rejected drafts lower a request's
@@ -234,6 +235,14 @@ class VllmEventLog:
 
     # ------------------------------------------------------------------ the wrapped calls
     def _add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if bool(getattr(request, "resumable", False)):  # refused before vLLM sees it
+            raise ConfigError(
+                "resumable",
+                True,
+                "False while an AR event log is attached: a streaming-input session keeps its "
+                "KV between turns and re-adds its request id each turn, which the AR events do "
+                "not describe (detach the log to serve sessions)",
+            )
         result = self._calls["add_request"](request, *args, **kwargs)
         prompt = tuple(int(t) for t in request.prompt_token_ids or ())
         self._emit(
