@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from properties.ar.trace_check import check_ar_trace
 from spec.ar.config import ArConfig
 from spec.ar.events import (
@@ -22,6 +24,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArPreempted,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
@@ -143,7 +146,7 @@ def test_a_running_request_that_gave_everything_back_takes_no_blocks() -> None:
     events = [*step_1_under_way(), ArBlocksAllocated("a", (5, 6, 7)), ArScheduled("a", 1)]
     rule, message = verdict([*events, ArStepEnd(1)])
     assert rule == "kv_covers_computed", message
-    assert "got ArBlocksAllocated: after such a free it may only finish or be aborted" in message
+    assert "then got ArBlocksAllocated: after such a free it may only finish" in message
 
 
 def test_a_running_request_that_gave_everything_back_is_not_scheduled() -> None:
@@ -201,3 +204,90 @@ def test_blocks_past_what_the_step_uses_may_go_in_the_schedule_phase() -> None:
         ArStepEnd(1),
     ]
     assert verdict(events) == ("", "")
+
+
+# Edges a mutation review (2026-12-07) found the tests above left open: each trace changes its
+# verdict under one mutant of the free checks (named in the id).
+EDGES: dict[str, tuple[list[ArEvent], ArConfig, str]] = {
+    # block_size 2: 9 computed + 1 scheduled use blocks 0..4; block 6 (position 5) may go
+    "the block from computed + scheduled on may go (< not <=)": (
+        [
+            ArSubmitted("a", 9, 4),
+            ArBlocksAllocated("a", (1, 2, 3, 4, 5, 6)),
+            ArScheduled("a", 9),
+            ArStepEnd(0),
+            ArScheduled("a", 1),
+            ArBlocksFreed("a", (6,)),
+            ArStepEnd(1),
+        ],
+        CACHING.replace(block_size=2),
+        "",
+    ),
+    # block_size 2: 8 computed fill blocks 0..3; block 5 (position 4) may go between steps
+    "the block from the computed tokens on may go (< not <=)": (
+        [
+            ArSubmitted("a", 8, 4),
+            ArBlocksAllocated("a", (1, 2, 3, 4, 5)),
+            ArScheduled("a", 8),
+            ArStepEnd(0),
+            ArBlocksFreed("a", (5,)),
+            ArBlocksAllocated("a", (6,)),
+            ArScheduled("a", 1),
+            ArStepEnd(1),
+        ],
+        CACHING.replace(block_size=2),
+        "",
+    ),
+    # positions 0 and 3 together: the first position freed decides (min, not max)
+    "a free's first position is its lowest": (
+        [
+            ArSubmitted("a", 9, 4),
+            ArBlocksAllocated("a", (1, 2, 3, 4)),
+            ArScheduled("a", 9),
+            ArStepEnd(0),
+            ArBlocksFreed("a", (1, 4)),
+        ],
+        CACHING,
+        "kv_covers_computed",
+    ),
+    # a frees all inside step 1, the scheduler then preempts it: readmitted in step 2
+    "a preemption lifts the release": (
+        [
+            ArSubmitted("d", 1, 4),
+            ArSubmitted("a", 9, 4),
+            ArBlocksAllocated("d", (8,)),
+            ArScheduled("d", 1),
+            ArBlocksAllocated("a", (1, 2, 3, 4)),
+            ArScheduled("a", 9),
+            ArStepEnd(0),
+            ArScheduled("d", 1),
+            ArBlocksFreed("a", (1, 2, 3, 4)),
+            ArPreempted("a", ()),
+            ArStepEnd(1),
+            ArScheduled("d", 1),
+            ArBlocksAllocated("a", (1, 2, 3)),
+            ArScheduled("a", 9),
+            ArStepEnd(2),
+        ],
+        CACHING,
+        "",
+    ),
+    # scheduled with nothing computed, all freed, a fresh block taken in the same phase
+    "a request scheduled in the step that frees all leaves the batch": (
+        [
+            ArSubmitted("a", 4, 2),
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 4),
+            ArBlocksFreed("a", (1,)),
+            ArBlocksAllocated("a", (2,)),
+        ],
+        CACHING,
+        "kv_covers_computed",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_an_edge_of_the_free_checks(name: str) -> None:
+    events, config, rule = EDGES[name]
+    assert verdict(events, config)[0] == rule, verdict(events, config)[1]

@@ -21,7 +21,7 @@ import pytest
 from properties.ar.decisions import operations
 from properties.ar.trace_check import check_ar_trace
 from schedspec_cli.main import main
-from spec.ar.config import ArConfig
+from spec.ar.config import ArConfig, Policy
 from spec.ar.events import (
     ArAborted,
     ArBlocksAllocated,
@@ -30,12 +30,15 @@ from spec.ar.events import (
     ArCacheHit,
     ArCacheReset,
     ArEvent,
+    ArFinished,
+    ArFinishReason,
     ArPauseSet,
     ArPreempted,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
 )
+from spec.ar.profile import ArPolicy
 from spec.ar.trace import write_ar_trace
 from spec.errors import CannotDrive
 from spec.trace import TraceFormatError
@@ -44,15 +47,19 @@ CFG = ArConfig(block_size=4, num_blocks=9, max_num_batched_tokens=16, max_num_se
 CACHING = CFG.replace(enable_prefix_caching=True)
 
 
-def log_of(events: list[ArEvent], config: ArConfig = CFG) -> list[str]:
+def log_of(
+    events: list[ArEvent], config: ArConfig = CFG, policy: ArPolicy | None = None
+) -> list[str]:
     out = io.StringIO()
-    write_ar_trace(events, out, config)
+    write_ar_trace(events, out, config, policy)
     return out.getvalue().splitlines(keepends=True)
 
 
-def verdict(events: list[ArEvent], config: ArConfig = CFG) -> tuple[str, str]:
+def verdict(
+    events: list[ArEvent], config: ArConfig = CFG, policy: ArPolicy | None = None
+) -> tuple[str, str]:
     """(rule, message) of the log of `events`; ("", "") when it conforms."""
-    result = check_ar_trace(log_of(events, config))
+    result = check_ar_trace(log_of(events, config, policy))
     if result.violation is None:
         return "", ""
     return str(result.violation.rule), str(result.violation)
@@ -268,3 +275,130 @@ def test_a_paused_all_step_evicts_nothing() -> None:
     rule, message = verdict(events, CACHING)
     assert rule == "pause", message
     assert "evicted cached blocks [1] while the scheduler is paused_all" in message, message
+
+
+P9 = tuple(range(100, 109))
+B_CACHES: list[ArEvent] = [  # b computes a 9-token prompt and finishes: blocks 1, 2 cached
+    ArSubmitted("b", 9, 1, prompt=P9),
+    ArBlocksAllocated("b", (1, 2, 3)),
+    ArScheduled("b", 9),
+    ArStepEnd(0),
+    ArBlocksFreed("b", (1, 2, 3)),
+    ArFinished("b", ArFinishReason.LENGTH),
+]
+CACHE_AWARE = ArPolicy(cache_aware_window=2, cache_aware_threshold=0.0)
+
+# Edges a mutation review (2026-12-07) found the tests above left open: each trace changes its
+# verdict under one mutant of the pause and reset checks. (events, config, policy, rule)
+EDGES: dict[str, tuple[list[ArEvent], ArConfig, ArPolicy | None, str]] = {
+    "a reset's preemption without its reset before a readmission": (
+        [
+            *A_RUNS,
+            ArPreempted("a", (1, 2), reset=True),
+            ArBlocksAllocated("a", (3, 4)),
+            ArScheduled("a", 5),
+            ArStepEnd(1),
+        ],
+        CFG,
+        None,
+        "cache_reset",
+    ),
+    "a cache reset inside a schedule phase": (
+        [
+            *B_CACHES,
+            ArSubmitted("a", 9, 4, prompt=P9),
+            ArCacheHit("a", (1, 2)),
+            ArBlocksFreed("a", (1, 2)),
+            ArCacheReset(),
+        ],
+        CACHING,
+        None,
+        "cache_reset",
+    ),
+    "a cache hit while paused_all": (
+        [
+            *B_CACHES,
+            ArSubmitted("a", 9, 4, prompt=P9),
+            ArPauseSet("paused_all"),
+            ArCacheHit("a", (1, 2)),
+        ],
+        CACHING,
+        None,
+        "pause",
+    ),
+    "a scheduler's preemption while paused_all": (
+        [*A_RUNS, ArPauseSet("paused_all"), ArPreempted("a", (1, 2))],
+        CFG,
+        None,
+        "pause",
+    ),
+    "a reset of a waiting request": (
+        [ArSubmitted("b", 4, 2), ArPreempted("b", (), reset=True)],
+        CFG,
+        None,
+        "lifecycle",
+    ),
+    "the token floor is not owed while paused_all": (
+        [*A_RUNS, ArPauseSet("paused_all"), ArStepEnd(1)],
+        CFG.replace(policy=Policy.FAIR),
+        None,
+        "",
+    ),
+    # the cache-aware window (2, any usage): a paused_all step does not reorder y (whose prompt
+    # p cached) ahead of x; after the reset and resume x is admitted first, in arrival order
+    "a paused_all step leaves the cache-aware order": (
+        [
+            ArSubmitted("p", 8, 1, prompt=tuple(range(100, 108))),
+            ArBlocksAllocated("p", (1, 2)),
+            ArScheduled("p", 8),
+            ArStepEnd(0),
+            ArBlocksFreed("p", (1, 2)),
+            ArFinished("p", ArFinishReason.LENGTH),
+            ArSubmitted("x", 8, 1, prompt=tuple(range(300, 308))),
+            ArSubmitted("y", 8, 1, prompt=tuple(range(100, 108))),
+            ArPauseSet("paused_all"),
+            ArStepEnd(1),
+            ArCacheReset(),
+            ArPauseSet("unpaused"),
+            ArBlocksAllocated("x", (3, 4)),
+            ArScheduled("x", 8),
+            ArBlocksAllocated("y", (5, 6)),
+            ArScheduled("y", 8),
+            ArStepEnd(2),
+        ],
+        CACHING,
+        CACHE_AWARE,
+        "",
+    ),
+    # prefill interval 2: step 0 left b waiting (the capacity escape); b is aborted, a
+    # paused_all step passes, and step 2 may admit c while a decodes, as vLLM does
+    "a paused_all step leaves the prefill cadence": (
+        [
+            ArSubmitted("a", 4, 4),
+            ArSubmitted("b", 4, 4),
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 4),
+            ArStepEnd(0),
+            ArAborted("b"),
+            ArPauseSet("paused_all"),
+            ArStepEnd(1),
+            ArPauseSet("unpaused"),
+            ArSubmitted("c", 3, 2),
+            ArBlocksAllocated("a", (2,)),
+            ArScheduled("a", 1),
+            ArBlocksAllocated("c", (3,)),
+            ArScheduled("c", 3),
+            ArStepEnd(2),
+        ],
+        CFG.replace(max_num_batched_tokens=4),
+        ArPolicy(prefill_interval=2),
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_an_edge_of_the_pause_and_reset_checks(name: str) -> None:
+    events, config, policy, rule = EDGES[name]
+    found, message = verdict(events, config, policy)
+    assert found == rule, message

@@ -92,16 +92,24 @@ def test_a_request_vllm_ends_inside_update_from_output_is_logged_once() -> None:
     lines: list[str] = []
     VllmEventLog(adapter.sched, lines.append)
     adapter.submit(ArRequest("r0", 5, 6))
-    adapter.submit(ArRequest("r1", 3, 6))
+    adapter.submit(ArRequest("r1", 3, 3))  # finishes by length in r0's error step
     adapter.step()
     adapter.step()
     adapter.sched.grammar_compile_error_reqs = {"r0": "the grammar failed to compile"}
     # the adapter's own events have no name for FINISHED_ERROR; the log, written first, does
-    with pytest.raises(ConfigError, match="finish_reason"):
+    with pytest.raises(ConfigError, match="finish_reason") as caught:
         adapter.step()
-    frees = [json.loads(line) for line in lines if '"ar_blocks_freed"' in line]
-    assert [f["request_id"] for f in frees] == ["r0"], lines
-    assert json.loads(lines[-1]) == {"kind": "ar_aborted", "request_id": "r0"}, lines
+    # raised by the adapter, after vLLM's update_from_output returned: never by the log
+    assert not any(str(f.path).endswith("vllm/event_log.py") for f in caught.traceback), caught
+    frees = [json.loads(line)["request_id"] for line in lines if '"ar_blocks_freed"' in line]
+    assert sorted(frees) == ["r0", "r1"], lines  # each once: r0's error, r1's finish
+    ended = [
+        json.loads(line) for line in lines if '"ar_aborted"' in line or '"ar_finished"' in line
+    ]
+    assert [(e["kind"], e["request_id"]) for e in ended] == [
+        ("ar_aborted", "r0"),
+        ("ar_finished", "r1"),
+    ], lines
     result = check_ar_trace(lines)
     assert result.ok, str(result.violation)
 
@@ -139,3 +147,106 @@ def test_a_live_log_with_pauses_and_cache_resets_conforms(mode: str) -> None:
     assert kinds[paused] >= 1 and kinds["unpaused"] >= 1 and kinds["cache_reset"] >= 1, kinds
     if mode == "keep":  # running requests wait out a "keep" pause, and the reset preempts them
         assert kinds["reset"] >= 1, kinds
+
+
+def two_running() -> tuple[RealVllmScheduler, list[str]]:
+    """r0 and r1 running on live vLLM after two steps, the log attached from the start."""
+    config = ArConfig(block_size=2, num_blocks=12, max_num_batched_tokens=8, max_model_len=16)
+    adapter = RealVllmScheduler(config, lambda e: None)
+    lines: list[str] = []
+    VllmEventLog(adapter.sched, lines.append)
+    adapter.submit(ArRequest("r0", 5, 6))
+    adapter.submit(ArRequest("r1", 3, 6))
+    adapter.step()
+    adapter.step()
+    return adapter, lines
+
+
+def kinds(lines: list[str]) -> list[str]:
+    """Each event's kind, `(reset)` marking a reset's preemption."""
+    out = []
+    for line in lines[1:]:
+        event = json.loads(line)
+        out.append(event["kind"] + ("(reset)" if event.get("reset") else ""))
+    return out
+
+
+def test_a_reset_of_two_running_requests_is_logged_last_first_then_the_reset() -> None:
+    adapter, lines = two_running()
+    adapter.sched.reset_prefix_cache(reset_running_requests=True)
+    tail = [json.loads(line) for line in lines[-3:]]
+    assert [(e["kind"], e.get("request_id")) for e in tail] == [
+        ("ar_preempted", "r1"),
+        ("ar_preempted", "r0"),
+        ("ar_cache_reset", None),
+    ], tail
+    adapter.step()  # both readmitted, in their running order
+    result = check_ar_trace(lines)
+    assert result.ok, str(result.violation)
+
+
+def test_a_reset_vllm_refuses_logs_nothing() -> None:
+    """Without reset_running_requests vLLM refuses to reset while requests hold blocks."""
+    adapter, lines = two_running()
+    before = len(lines)
+    assert adapter.sched.reset_prefix_cache() is False
+    assert len(lines) == before, kinds(lines)[before - 1 :]
+
+
+def test_a_reset_vllm_raises_after_preempting_is_still_logged() -> None:
+    adapter, lines = two_running()
+    manager = adapter.sched.kv_cache_manager
+    manager.reset_prefix_cache = lambda: False  # vLLM then raises, its requests preempted
+    with pytest.raises(RuntimeError, match="Failed to reset KV cache"):
+        adapter.sched.reset_prefix_cache(reset_running_requests=True)
+    del manager.reset_prefix_cache
+    assert kinds(lines)[-2:] == ["ar_preempted(reset)", "ar_preempted(reset)"], kinds(lines)
+    # no ar_cache_reset followed: the next step's log names that, not a phantom of vLLM's
+    adapter.sched.schedule()
+    result = check_ar_trace(lines)
+    assert result.violation is not None and str(result.violation.rule) == "cache_reset"
+
+
+def test_a_log_attached_to_a_paused_scheduler_says_so_first() -> None:
+    config = ArConfig(block_size=2, num_blocks=12, max_num_batched_tokens=8, max_model_len=16)
+    adapter = RealVllmScheduler(config, lambda e: None)
+    adapter.sched.set_pause_state(type(adapter.sched.pause_state).PAUSED_ALL)
+    lines: list[str] = []
+    VllmEventLog(adapter.sched, lines.append)
+    assert json.loads(lines[1]) == {"kind": "ar_pause_set", "state": "paused_all"}
+    adapter.submit(ArRequest("r0", 5, 6))
+    adapter.sched.schedule()  # schedules nothing: paused
+    result = check_ar_trace(lines)
+    assert result.ok, str(result.violation)
+
+
+def test_the_log_refuses_one_group_that_is_not_full_attention() -> None:
+    """Every layer windowed: one group, a sliding window's."""
+    from types import SimpleNamespace
+
+    from integrations.vllm.adapter import load_vllm
+    from integrations.vllm.event_log import loggable
+
+    v = load_vllm()
+    window = v.kv_iface.SlidingWindowSpec.__new__(v.kv_iface.SlidingWindowSpec)
+    scheduler = SimpleNamespace(
+        scheduler_config=SimpleNamespace(async_scheduling=False),
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=window)]),
+        connector=None,
+        num_spec_tokens=0,
+    )
+    with pytest.raises(ConfigError) as caught:
+        loggable(scheduler, v)
+    assert caught.value.field == "kv_cache_groups", str(caught.value)
+
+
+def test_the_log_refuses_an_asynchronous_scheduler() -> None:
+    program = core_program(0)
+    lines: list[str] = []
+
+    def attach(scheduler: Any) -> None:
+        VllmEventLog(scheduler, lines.append)
+
+    with pytest.raises(ConfigError) as caught:
+        EngineCoreLoop(program.config, async_scheduling=True, mutate=attach).run(program)
+    assert caught.value.field == "async_scheduling" and lines == [], str(caught.value)

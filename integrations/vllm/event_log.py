@@ -312,8 +312,11 @@ class VllmEventLog:
         `ArCacheReset`. What it did is logged even when vLLM then raises (its reset failing
         after the preemptions): the steps after are not blamed on it."""
         before = self._view("before reset_prefix_cache()")
+        reset = False
         try:
-            return self._calls["reset_prefix_cache"](*args, **kwargs)
+            result = self._calls["reset_prefix_cache"](*args, **kwargs)
+            reset = bool(result)  # vLLM says whether it emptied the cache
+            return result
         finally:
             after = self._view("after reset_prefix_cache()")
             preempted = [rid for rid in reversed(before.running) if rid not in after.running]
@@ -323,8 +326,7 @@ class VllmEventLog:
             for freed in release_events(before, after):
                 if isinstance(freed, ArBlocksFreed) and freed.request_id not in gone:
                     self._emit(freed)
-            held = any(after.block_tables.values())
-            if (preempted or before.cached) and not after.cached and not held:
+            if reset:
                 self._emit(ArCacheReset())
 
     def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:

@@ -1331,7 +1331,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             if n is not None:  # it leaves the batch (an abort or finish must follow)
                 self._uncache_unwritten(r, "it freed its blocks in that step")
             if r.phase is ArPhase.RUNNING:
-                r.released = r.released or r.num_computed > 0
+                r.released = r.released or r.num_computed > 0 or n is not None
             else:
                 r.num_computed = 0
             return
@@ -1362,9 +1362,10 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if r.released:
             raise self._fail(
                 ArRule.KV_COVERS_COMPUTED,
-                f"running {r.request_id!r} freed all its blocks, holding {r.num_computed} "
-                f"computed tokens, and then got {type(e).__name__}: after such a free it may "
-                f"only finish or be aborted (a preemption would make it recompute)",
+                f"running {r.request_id!r} freed all its blocks ({r.num_computed} computed "
+                f"tokens, or scheduled in this step) and then got {type(e).__name__}: after "
+                f"such a free it may only finish or be aborted (a preemption would make it "
+                f"recompute)",
                 e,
             )
 
