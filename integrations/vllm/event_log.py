@@ -308,9 +308,9 @@ class VllmEventLog:
     def _reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's cache reset: with `reset_running_requests` it first preempts every running
         request, the last first (so they wait in their running order): `ArPreempted` with
-        `reset` for each; then, where the cache was emptied with no block referenced,
-        `ArCacheReset`. What it did is logged even when vLLM then raises (its reset failing
-        after the preemptions): the steps after are not blamed on it."""
+        `reset` for each; then, where vLLM reports the reset done, `ArCacheReset`. The
+        preemptions are logged even when vLLM then raises (its reset failing after them): the
+        check names the missing reset, not the steps after."""
         before = self._view("before reset_prefix_cache()")
         reset = False
         try:
