@@ -29,6 +29,7 @@ from spec.ar.events import (
     ArStepEnd,
     ArSubmitted,
 )
+from spec.ar.profile import ArPolicy
 from spec.ar.trace import write_ar_trace
 
 CACHING = ArConfig(
@@ -41,11 +42,20 @@ CACHING = ArConfig(
 PROMPT = tuple(range(100, 109))  # 9 tokens: two full blocks of 4 and one more
 
 
-def verdict(events: list[ArEvent], config: ArConfig = CACHING) -> tuple[str, str]:
-    """(rule, message) `check_ar_trace` gives the log of `events`; ("", "") when it conforms."""
+def log_of(
+    events: list[ArEvent], config: ArConfig = CACHING, policy: ArPolicy | None = None
+) -> list[str]:
+    """The AR log of `events` under `config` (and a declared `policy`)."""
     out = io.StringIO()
-    write_ar_trace(events, out, config)
-    result = check_ar_trace(out.getvalue().splitlines(keepends=True))
+    write_ar_trace(events, out, config, policy)
+    return out.getvalue().splitlines(keepends=True)
+
+
+def verdict(
+    events: list[ArEvent], config: ArConfig = CACHING, policy: ArPolicy | None = None
+) -> tuple[str, str]:
+    """(rule, message) `check_ar_trace` gives the log of `events`; ("", "") when it conforms."""
+    result = check_ar_trace(log_of(events, config, policy))
     if result.violation is None:
         return "", ""
     return str(result.violation.rule), str(result.violation)

@@ -12,7 +12,6 @@ rules without a victim order.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -39,30 +38,24 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.profile import ArPolicy
-from spec.ar.trace import write_ar_trace
 from spec.errors import CannotDrive
 from spec.trace import TraceFormatError
+from tests.test_ar_free_keeps_computed import log_of as shared_log_of
+from tests.test_ar_free_keeps_computed import verdict as shared_verdict
 
 CFG = ArConfig(block_size=4, num_blocks=9, max_num_batched_tokens=16, max_num_seqs=2)
 CACHING = CFG.replace(enable_prefix_caching=True)
 
 
-def log_of(
-    events: list[ArEvent], config: ArConfig = CFG, policy: ArPolicy | None = None
-) -> list[str]:
-    out = io.StringIO()
-    write_ar_trace(events, out, config, policy)
-    return out.getvalue().splitlines(keepends=True)
+def log_of(events: list[ArEvent], config: ArConfig = CFG) -> list[str]:
+    return shared_log_of(events, config)
 
 
 def verdict(
     events: list[ArEvent], config: ArConfig = CFG, policy: ArPolicy | None = None
 ) -> tuple[str, str]:
     """(rule, message) of the log of `events`; ("", "") when it conforms."""
-    result = check_ar_trace(log_of(events, config, policy))
-    if result.violation is None:
-        return "", ""
-    return str(result.violation.rule), str(result.violation)
+    return shared_verdict(events, config, policy)
 
 
 # a runs from step 0 (4 prompt tokens, 4 outputs to go); b arrives after it
