@@ -48,8 +48,11 @@ def _drive(factory: object, config: DllmConfig, seed: int) -> Harness:
     ids: list[str] = []
     try:
         for i in range(rng.randint(3, 12)):
-            prompt = tuple(rng.randint(0, 14) for _ in range(rng.randint(1, 12)))
-            if h.submit(RequestSpec(f"r{i}", prompt, rng.randint(1, 12))) is None:
+            # within the context (a config with max_context 2 refused every request before)
+            room = config.max_context
+            prompt = tuple(rng.randint(0, 14) for _ in range(rng.randint(1, min(12, room - 1))))
+            new_tokens = rng.randint(1, min(12, room - len(prompt)))
+            if h.submit(RequestSpec(f"r{i}", prompt, new_tokens)) is None:
                 ids.append(f"r{i}")
             for _ in range(rng.randint(0, 3)):
                 h.round()
