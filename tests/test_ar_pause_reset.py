@@ -68,6 +68,16 @@ A_RUNS: list[ArEvent] = [
 ]
 
 
+# a and b both run after step 1
+BOTH_RUN: list[ArEvent] = [
+    *A_RUNS,
+    ArBlocksAllocated("b", (3,)),
+    ArScheduled("a", 1),
+    ArScheduled("b", 4),
+    ArStepEnd(1),
+]
+
+
 def test_paused_all_steps_schedule_nothing_and_owe_no_progress() -> None:
     events = [*A_RUNS, ArPauseSet("paused_all"), ArStepEnd(1), ArStepEnd(2)]
     assert verdict(events) == ("", "")
@@ -143,11 +153,7 @@ def test_a_reset_empties_the_cache_what_was_cached_is_no_hit() -> None:
 def test_a_reset_takes_every_running_request_first() -> None:
     """The review's partial reset: b preempted, a left running with its old KV."""
     events = [
-        *A_RUNS,
-        ArBlocksAllocated("b", (3,)),
-        ArScheduled("a", 1),
-        ArScheduled("b", 4),
-        ArStepEnd(1),
+        *BOTH_RUN,
         ArPreempted("b", (3,), reset=True),
         ArCacheReset(),
     ]
@@ -234,21 +240,14 @@ def test_check_trace_with_a_twin_on_a_paused_log_is_one_input_error(
 
 def test_a_reset_preempts_the_last_running_request_first() -> None:
     """vLLM pops `running` from its end, so the requests wait again in their running order."""
-    two_run = [
-        *A_RUNS,
-        ArBlocksAllocated("b", (3,)),
-        ArScheduled("a", 1),
-        ArScheduled("b", 4),
-        ArStepEnd(1),
-    ]
     in_order = [
-        *two_run,
+        *BOTH_RUN,
         ArPreempted("b", (3,), reset=True),
         ArPreempted("a", (1, 2), reset=True),
         ArCacheReset(),
     ]
     assert verdict(in_order) == ("", "")
-    rule, message = verdict([*two_run, ArPreempted("a", (1, 2), reset=True)])
+    rule, message = verdict([*BOTH_RUN, ArPreempted("a", (1, 2), reset=True)])
     assert rule == "cache_reset", message
     assert "preempted 'a' before 'b': it preempts the last running request first" in message
 
