@@ -322,13 +322,17 @@ class _Schema:
                 config_from_dict,
             )
         from spec.ar.config import ArConfig
-        from spec.ar.trace import ar_config_from_dict, missing_ar_config_fields
+        from spec.ar.trace import (
+            OPTIONAL_AR_CONFIG_FIELDS,
+            ar_config_from_dict,
+            missing_ar_config_fields,
+        )
 
         return _Schema(
             "ArConfig",
             frozenset(f.name for f in dataclasses.fields(ArConfig)),
             missing_ar_config_fields,
-            (),
+            tuple(sorted(OPTIONAL_AR_CONFIG_FIELDS)),
             lambda body: ar_config_from_dict({**body, "kind": "config", "family": "ar"})[0],
         )
 

@@ -118,6 +118,11 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
         [*STEP_0, ArSubmitted("b", 4, 2), ArPauseSet("paused_new"), ArBlocksAllocated("b", (2,))],
         CFG,
     ),
+    "speculative_drafts": (
+        # a decodes its last token and one draft, with speculative decoding off
+        [*TWO_BLOCKS[:3], ArStepEnd(0), ArScheduled("a", 2, drafts=1)],
+        CFG,
+    ),
     "static_batch": (
         # b is admitted while a, of the batch of step 0, still runs
         [*STEP_0, ArSubmitted("b", 4, 2), ArBlocksAllocated("b", (2,)), ArScheduled("b", 4)],

@@ -8,8 +8,10 @@ not do:
   frees of a running request's leading blocks as frees of its computed tokens, and the check
   reported `kv_covers_computed`; with full attention first, other groups' recycling gave
   `evict_unreferenced_only`. A KV connector (loads into waiting requests, late frees) and
-  speculative decoding (rejected drafts lower the computed tokens) have no AR events either.
-  Attaching to any of these is now a `ConfigError` naming the setting.
+  speculative decoding (rejected drafts lower the computed tokens) had no AR events either.
+  Attaching to any of these was made a `ConfigError` naming the setting; speculative
+  decoding without lookahead slots (ngram) is now logged (`test_real_vllm_event_log_drafts`),
+  and a drafter that reserves them (EAGLE, a draft model) is refused.
 - A request vLLM ends with `FINISHED_ERROR` inside `update_from_output` (a grammar that failed
   to compile: vLLM calls `finish_requests` from there) had its blocks logged freed twice, the
   nested call's frees and then the outer call's, and the check said `free_owned_only`.
@@ -47,7 +49,7 @@ def _vllm() -> None:
     [
         ({"sliding_window": 4}, "kv_cache_groups"),
         ({"kv_connector": "recompute"}, "kv_connector"),
-        ({"speculative_tokens": 2}, "num_speculative_tokens"),
+        ({"speculative_tokens": 2, "speculative_method": "eagle"}, "num_lookahead_tokens"),
     ],
 )
 def test_the_log_refuses_a_scheduler_it_cannot_describe(

@@ -1346,9 +1346,11 @@ def _store(
 def program_seed(program: CoreProgram) -> int:
     """The seed of a program's own draws (speculative drafts, the KV connector's store): a hash
     of its text, so each program draws its own and the same every run (a program without
-    session inputs hashes as it did before `inputs` existed, and a request without a cache read
-    limit as before `ArRequest.cache_read_limit` did)."""
+    session inputs hashes as it did before `inputs` existed, a request without a cache read
+    limit as before `ArRequest.cache_read_limit` did, and a configuration without drafts as
+    before `ArConfig.num_speculative_tokens` did)."""
     text = repr(program).replace(", cache_read_limit=None)", ")")
+    text = text.replace(", num_speculative_tokens=0)", ")")
     if not program.inputs:
         text = text.replace(", inputs=()", "")
     return zlib.crc32(text.encode())

@@ -15,9 +15,11 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
 
 - `add_request`: `ArSubmitted`, with `stop_sampled` (a live scheduler cannot know when the
   model will sample a stop token; the request's prompt ids when prefix caching is on);
-- `schedule`: the scheduling phase (preemptions, allocations and cache hits, scheduled tokens)
-  and `ArStepEnd`;
-- `update_from_output`: the blocks it freed, and `ArFinished` with vLLM's reason;
+- `schedule`: the scheduling phase (preemptions, allocations and cache hits, scheduled tokens,
+  with their `drafts` under speculative decoding) and `ArStepEnd`;
+- `update_from_output`: `ArDraftsVerified` for each request whose drafts the step verified
+  (before any free: vLLM rolls back the rejected drafts in its loop over the batch), the
+  blocks it freed, and `ArFinished` with vLLM's reason;
 - `finish_requests`: the blocks it freed and `ArAborted` for each request it ended (vLLM passes
   `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found);
 - `reset_prefix_cache`: with `reset_running_requests` (a pause for a weight update clears the
@@ -42,8 +44,8 @@ So is a streaming-input session's request (`resumable`, refused before vLLM sees
 attaching to a scheduler whose KV cache is not one full-attention group (a sliding
 window or Mamba group frees and recycles blocks of running requests, which one block table
 cannot show), one with a KV connector (it loads KV into waiting requests and frees finished
-ones' blocks late), or one with speculative decoding (rejected drafts lower a request's
-computed tokens, for which the AR events have no name): `loggable` says which.
+ones' blocks late), or one whose speculative decoding reserves lookahead slots (EAGLE, a draft
+model; ngram's drafts are logged): `loggable` says which.
 
 A request vLLM ends inside `update_from_output` (a grammar that failed to compile, an encoder
 cache mismatch: vLLM calls `finish_requests` from there with `FINISHED_ERROR`) is logged once,
@@ -83,10 +85,12 @@ from spec.ar.events import (
     ArAborted,
     ArBlocksFreed,
     ArCacheReset,
+    ArDraftsVerified,
     ArEvent,
     ArFinished,
     ArPauseSet,
     ArPreempted,
+    ArScheduled,
     ArStepEnd,
     ArSubmitted,
 )
@@ -114,6 +118,7 @@ def ar_config_of(scheduler: Any) -> ArConfig:
             enable_chunked_prefill=bool(sc.enable_chunked_prefill),
             policy=Policy(str(sc.policy)),
             enable_prefix_caching=bool(scheduler.cache_config.enable_prefix_caching),
+            num_speculative_tokens=int(getattr(scheduler, "num_spec_tokens", 0) or 0),
         )
     except (ConfigError, ValueError) as err:
         raise ConfigError(
@@ -160,7 +165,8 @@ def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
 def loggable(scheduler: Any, v: Any) -> None:
     """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
     cannot describe: asynchronous scheduling, a KV cache other than one full-attention group,
-    a KV connector, speculative decoding (`v`: `load_vllm()`'s modules)."""
+    a KV connector, speculative decoding with a drafter of its own (lookahead slots) or other
+    than one sampled token per step (`v`: `load_vllm()`'s modules)."""
     if bool(scheduler.scheduler_config.async_scheduling):
         raise ConfigError(
             "async_scheduling",
@@ -184,13 +190,22 @@ def loggable(scheduler: Any, v: Any) -> None:
             "None: a connector loads KV into waiting requests and frees finished requests' "
             "blocks after their finish, which the AR event log does not describe",
         )
-    drafts = int(getattr(scheduler, "num_spec_tokens", 0) or 0)
-    if drafts:
+    lookahead = int(getattr(scheduler, "num_lookahead_tokens", 0) or 0)
+    if lookahead:
         raise ConfigError(
-            "num_speculative_tokens",
-            drafts,
-            "0: a rejected draft lowers a request's computed tokens, for which the AR event "
-            "log has no event",
+            "num_lookahead_tokens",
+            lookahead,
+            "0 (speculative decoding without a drafter of its own, as ngram): a drafter such "
+            "as EAGLE or a draft model reserves KV slots past the drafts and may skip "
+            "drafting, which the AR event log does not describe",
+        )
+    sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1))
+    if sampled != 1:
+        raise ConfigError(
+            "num_sampled_tokens_per_step",
+            sampled,
+            "1: the AR events count one sampled token per step and request, then the drafts "
+            "accepted",
         )
 
 
@@ -210,6 +225,8 @@ class VllmEventLog:
         # update_from_output calls finish_requests), and the requests a nested call ended
         self._open: list[ArPoolView] = []
         self._ended_inside: set[str] = set()
+        # while update_from_output runs: logs its verified drafts (`_verify_drafts`)
+        self._verify: Callable[[], None] | None = None
         self._hooks = InstanceHooks()
         self.writer: str = scheduler_writer(scheduler, "vllm")
         write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
@@ -266,17 +283,42 @@ class VllmEventLog:
         scheduled = {str(rid): int(n) for rid, n in out.num_scheduled_tokens.items()}
         after = self._view(f"after schedule() in step {self._step}", scheduled)
         order = victim_order(sched, before, self.config.policy)
+        drafts = {str(rid): len(ids) for rid, ids in out.scheduled_spec_decode_tokens.items()}
         for e in scheduling_events(
             before, after, scheduled, self.config.block_size, preempted_order=order
         ):
+            if isinstance(e, ArScheduled) and drafts.get(e.request_id):
+                e = ArScheduled(e.request_id, e.num_tokens, drafts[e.request_id])
             self._emit(e)
         self._emit(ArStepEnd(self._step))
         self._step += 1
         return out
 
-    def _update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+    def _update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._ended_inside.clear()
-        outputs = self._releasing("update_from_output", *args, **kwargs)
+        # requests whose drafts the step verified -> (the request, its drafts, its outputs)
+        drafted = {
+            str(rid): (request, len(ids), len(request.output_token_ids))
+            for rid, ids in scheduler_output.scheduled_spec_decode_tokens.items()
+            if ids and (request := self.scheduler.requests.get(rid)) is not None
+        }
+
+        def verified() -> None:
+            """`ArDraftsVerified` per drafted request, before any free of the call: vLLM rolls
+            the computed tokens back (rejected drafts, and tokens cut at a stop) in its loop
+            over the batch, before it frees what stopped and before it ends a request in error
+            (`finish_requests`, after the loop). The accepted drafts are the outputs it
+            appended past the sampled token."""
+            for rid, (request, _, outputs) in drafted.items():
+                appended = len(request.output_token_ids) - outputs
+                if appended:
+                    self._emit(ArDraftsVerified(rid, appended - 1))
+
+        self._verify = verified
+        try:
+            outputs = self._releasing("update_from_output", scheduler_output, *args, **kwargs)
+        finally:
+            self._verify = None
         ended, self._ended_inside = self._ended_inside, set()
         for per_client in outputs.values():
             for o in per_client.outputs:
@@ -330,11 +372,13 @@ class VllmEventLog:
                 self._emit(ArCacheReset())
 
     def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call the scheduler's `name`, then log the blocks the call freed. Called inside
-        another wrapped call, it first logs what the outer call freed so far, and the outer
-        call then reads its frees from where this one ended (each free logged once)."""
+        """Call the scheduler's `name`, then log the verified drafts (`_verify_drafts`) and the
+        blocks the call freed. Called inside another wrapped call, it first logs those of the
+        outer call so far, and the outer call then reads its frees from where this one ended
+        (each free logged once)."""
         before = self._view(f"before {name}()")
         if self._open:
+            self._verify_drafts()
             for e in release_events(self._open[-1], before):
                 self._emit(e)
             self._open[-1] = before
@@ -343,12 +387,20 @@ class VllmEventLog:
             result = self._calls[name](*args, **kwargs)
         finally:
             start = self._open.pop()
+        self._verify_drafts()
         after = self._view(f"after {name}()")
         for e in release_events(start, after):
             self._emit(e)
         if self._open:
             self._open[-1] = after
         return result
+
+    def _verify_drafts(self) -> None:
+        """Log the drafts `update_from_output` verified, once, before the first free after
+        its loop (nothing when no update is under way)."""
+        verify, self._verify = self._verify, None
+        if verify is not None:
+            verify()
 
     def _view(self, where: str, scheduled: dict[str, int] | None = None) -> ArPoolView:
         """The scheduler's pools (`pool_view`), its queues checked first: `SpecViolation`,

@@ -28,6 +28,7 @@ from spec.ar.events import (
     ArEvent,
     ArPauseSet,
     ArPreempted,
+    ArScheduled,
     ArStepEnd,
     ArSubmitted,
 )
@@ -40,9 +41,9 @@ def operations(
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
-    `ArAborted`, a step per `ArStepEnd` (`CannotDrive` at a pause or a cache reset's
-    preemption, which no twin replays). A rejected submission or an abort that changed
-    nothing left no event and changes nothing; a drain shows as the steps it ran. A request
+    `ArAborted`, a step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's
+    preemption or draft tokens, which no twin replays). A rejected submission or an abort that
+    changed nothing left no event and changes nothing; a drain shows as the steps it ran. A request
     whose stop the log's engine sampled (`stop_sampled`) is scripted to stop where it did: its
     outputs at that finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off
     the log)."""
@@ -69,6 +70,12 @@ def operations(
             what = "pauses the scheduler" if isinstance(e, ArPauseSet) else "resets its cache"
             raise CannotDrive(
                 f"the log {what} between steps, an operator's operation no AR twin replays: "
+                "check the log without --twin"
+            )
+        elif isinstance(e, ArScheduled) and e.drafts:
+            raise CannotDrive(
+                f"the log schedules draft tokens ({e.request_id!r} in a step), and no AR twin "
+                "replays speculative decoding (whose drafts the model proposes and accepts): "
                 "check the log without --twin"
             )
         elif isinstance(e, ArStepEnd):

@@ -91,6 +91,11 @@ class ArConfig:
         enable_prefix_caching: full KV blocks are cached by content and shared, with reference
             counts, by requests with the same prefix (vLLM's `enable_prefix_caching`, on by
             default in vLLM 0.33); a cache hit makes computed tokens jump (`ArCacheHit`).
+    Speculative decoding:
+        num_speculative_tokens: the most draft tokens one step of a request verifies (vLLM's
+            `num_speculative_tokens`; 0 = none). A decode step then schedules the request's
+            last token and up to this many drafts after it (`ArScheduled.drafts`); the
+            drafts the model rejects are rolled back (`ArDraftsVerified`).
     """
 
     block_size: int = 4
@@ -108,6 +113,7 @@ class ArConfig:
     num_stages: int = 1
     num_replicas: int = 1
     enable_prefix_caching: bool = False
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size, 1, MAX_SMALL)
@@ -126,6 +132,7 @@ class ArConfig:
         _positive("num_stages", self.num_stages, 1, 1024)
         _positive("num_replicas", self.num_replicas, 1, 1024)
         _flag("enable_prefix_caching", self.enable_prefix_caching)
+        _positive("num_speculative_tokens", self.num_speculative_tokens, 0, MAX_SMALL)
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 "max_num_batched_tokens",

@@ -28,7 +28,8 @@ in docs/schedulers.md.
    rule `cache_reset`).
 2. **Scheduling phase** (the engine's `schedule()`): `ArPreempted` (with every block the victim
    held), and per scheduled request `ArCacheHit` (an admitted request's cached prefix blocks),
-   `ArBlocksAllocated` (fresh blocks appended to its table), then `ArScheduled` (its tokens).
+   `ArBlocksAllocated` (fresh blocks appended to its table), then `ArScheduled` (its tokens;
+   with speculative decoding, `drafts` of them are draft tokens after its known ones).
    `ArCacheEvicted` for cached blocks dropped otherwise than by reallocation. An engine that
    emits no events derives all of them from pool views before and after `schedule()`
    (`spec.ar.reconstruct.scheduling_events`): every preemption first (tail first, or the
@@ -38,8 +39,11 @@ in docs/schedulers.md.
    scheduling cached: no forward writes it.
 3. **Model execution**: `ArStepEnd(step_index)`: every scheduled request computes its tokens; a
    request that caught up with its known tokens samples one output token.
-4. **Update phase** (the engine's `update_from_output()`): `ArBlocksFreed`, then `ArFinished`
-   for every request whose finish condition holds (`release_events` derives the frees).
+4. **Update phase** (the engine's `update_from_output()`): `ArDraftsVerified(request,
+   accepted)` for every request whose drafts the step computed (the accepted drafts become
+   outputs after the sampled token, the rejected ones are no longer computed; rule
+   `speculative_drafts`), then `ArBlocksFreed`, then `ArFinished` for every request whose
+   finish condition holds (`release_events` derives the frees).
 
 Between steps (before the first scheduling event of a step, and after the last event) the
 between-steps invariants hold and an adapter's snapshot must equal the abstract state.

@@ -80,11 +80,16 @@ class ArBlocksAllocated:
 
 @dataclass(frozen=True, slots=True)
 class ArScheduled:
-    """The request computes `num_tokens` tokens in this step (a waiting request is admitted)."""
+    """The request computes `num_tokens` tokens in this step (a waiting request is admitted).
+
+    `drafts` (speculative decoding, `ArConfig.num_speculative_tokens`): the last `drafts` of
+    those tokens are draft tokens after the request's known ones, which the step verifies;
+    the step end counts them computed, and `ArDraftsVerified` rolls back those rejected."""
 
     kind: ClassVar[str] = "ar_scheduled"
     request_id: str
     num_tokens: int
+    drafts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +170,20 @@ class ArStepEnd:
     step_index: int
 
 
+@dataclass(frozen=True, slots=True)
+class ArDraftsVerified:
+    """After the step that scheduled the request's drafts, before the next step is scheduled:
+    `accepted` of them became output tokens, after the token the step sampled (each accepted
+    draft is the model's own next token); the rest are rejected, and the request's computed
+    tokens lose them (vLLM's `update_from_output`: `num_computed_tokens -= num_rejected`,
+    and fewer still where a stop or max_tokens cut the step's tokens short). The KV the
+    rejected drafts wrote stays allocated, to be overwritten."""
+
+    kind: ClassVar[str] = "ar_drafts_verified"
+    request_id: str
+    accepted: int
+
+
 ArEvent = (
     ArSubmitted
     | ArCacheHit
@@ -178,6 +197,7 @@ ArEvent = (
     | ArPauseSet
     | ArCacheReset
     | ArStepEnd
+    | ArDraftsVerified
 )
 
 AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
@@ -193,6 +213,7 @@ AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArPauseSet,
     ArCacheReset,
     ArStepEnd,
+    ArDraftsVerified,
 )
 
 AR_EVENT_BY_KIND: dict[str, type[ArEvent]] = {t.kind: t for t in AR_EVENT_TYPES}

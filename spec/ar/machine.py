@@ -53,6 +53,7 @@ from spec.ar.events import (
     ArCacheEvicted,
     ArCacheHit,
     ArCacheReset,
+    ArDraftsVerified,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -112,6 +113,8 @@ class _Req:
     # running, it gave back the blocks holding its computed tokens (all of them): it may only
     # finish or be aborted now, not take blocks or tokens again (kv_covers_computed)
     released: bool = False
+    # draft tokens the step that just ended computed, awaiting their `ArDraftsVerified`
+    drafts: int = 0
 
     @property
     def known(self) -> int:
@@ -137,6 +140,7 @@ class _Step:
     preempted: list[str] = field(default_factory=list)
     preempted_with_free: bool = False  # a preemption of this step left a block free before it
     admitted: list[str] = field(default_factory=list)
+    drafts: dict[str, int] = field(default_factory=dict)  # of `scheduled`: its draft tokens
     in_schedule_phase: bool = False
     admission_phase: bool = False  # an event of a queued request was seen (cache-aware order)
     usage: float | None = None  # the pool's usage when the cache-aware order was decided
@@ -198,6 +202,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._step = _Step()
         self._pause = "unpaused"  # `ArPauseSet`: the operator's pause state
         self._reset_pending: list[str] = []  # preempted by a reset whose `ArCacheReset` is due
+        self._unverified: set[str] = set()  # requests whose drafts await `ArDraftsVerified`
         self._arrivals = 0
         self._decode_entries = 0  # requests that have started decoding, over the run
         # the prefill cadence (`ArPolicy.prefill_interval`): executed steps, the last that
@@ -322,6 +327,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._check_finished_released(event)
         self._check_batch_end_released(event)
         self._check_reset_done(event)
+        self._check_drafts_verified(event)
         st.in_schedule_phase = True
         self._begin_cadence()
 
@@ -330,6 +336,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             raise self._fail(
                 ArRule.PAUSE, f"pause state {e.state!r}: one of {list(AR_PAUSE_STATES)}", e
             )
+        self._check_drafts_verified(e)
         if self._step.in_schedule_phase:
             raise self._fail(
                 ArRule.PAUSE,
@@ -341,6 +348,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
     def _cache_reset(self, e: ArCacheReset) -> None:
         """`cache_reset`: between steps, nothing running or held; every cached block goes."""
+        self._check_drafts_verified(e)
         if self._step.in_schedule_phase:
             raise self._fail(
                 ArRule.CACHE_RESET,
@@ -799,7 +807,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise self._fail(ArRule.ONE_SCHEDULE_PER_STEP, f"scheduled {n!r} tokens (>= 1)", e)
         uncomputed = r.known - r.num_computed
-        if n > uncomputed:
+        drafts = self._check_drafts(r, e)
+        if n - drafts > uncomputed:
             raise self._fail(
                 ArRule.NO_COMPUTE_PAST_KNOWN,
                 f"{r.request_id!r} scheduled {n} tokens but only {uncomputed} are known and "
@@ -814,7 +823,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"max_num_batched_tokens={cfg.max_num_batched_tokens}",
                 e,
             )
-        if not cfg.enable_chunked_prefill and n != uncomputed:
+        if not cfg.enable_chunked_prefill and n - drafts != uncomputed:
             raise self._fail(
                 ArRule.NO_CHUNKING_WHEN_DISABLED,
                 f"{r.request_id!r} scheduled {n} of its {uncomputed} uncomputed tokens with "
@@ -863,7 +872,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             r.fresh = False
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
-        if r.decoding_since is None and r.num_computed + n == r.known:
+        if drafts:
+            st.drafts[r.request_id] = drafts
+        if r.decoding_since is None and r.num_computed + n - drafts == r.known:
             r.decoding_since = self._decode_entries
             self._decode_entries += 1
         if cfg.enable_prefix_caching:
@@ -1208,6 +1219,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._check_finished_released(e)
             self._check_batch_end_released(e)
             self._check_reset_done(e)
+            self._check_drafts_verified(e)
             self._begin_cadence()
         paused_all = self._pause == "paused_all"
         # a step that admitted nothing still reorders (vLLM), unless paused_all: vLLM's
@@ -1257,11 +1269,15 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     f"blocks at the end of the step",
                     e,
                 )
+            drafts = st.drafts.get(rid, 0)
             r.num_computed += n
-            r.attained += n
-            if r.num_computed == r.known:
+            r.attained += n - drafts  # the drafts count once verified, those accepted
+            if r.num_computed - drafts == r.known:
                 r.num_output += 1  # caught up: the model samples the next token
                 r.output_step = st.index
+            if drafts:
+                r.drafts = drafts
+                self._unverified.add(rid)
             self._touch(r)
         for rid in st.preempted:
             victim = self._requests.get(rid)
@@ -1287,6 +1303,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             )
         else:
             r = self._active(rid, e)
+        if r.drafts:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{rid!r} freed blocks {list(e.blocks)} before its {r.drafts} draft(s) of step "
+                f"{self._step.index - 1} were verified (vLLM rolls the rejected drafts back "
+                "before it frees)",
+                e,
+            )
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail(
                 ArRule.FREE_OWNED_ONLY, f"blocks {list(e.blocks)} empty or repeated", e
@@ -1369,11 +1393,101 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 e,
             )
 
+    # --- speculative decoding --------------------------------------------------
+    def _check_drafts(self, r: _Req, e: ArScheduled) -> int:
+        """`speculative_drafts`, at scheduling: the step's draft tokens of `r` (`e.drafts`)
+        number at most `num_speculative_tokens`, follow every known token and leave one known
+        token before them (the last, which the drafts continue)."""
+        d, n = e.drafts, e.num_tokens
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise self._fail(ArRule.SPECULATIVE_DRAFTS, f"drafts={d!r}: an integer >= 0", e)
+        if d == 0:
+            return 0
+        k = self.config.num_speculative_tokens
+        if d > k:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} scheduled {d} draft token(s); num_speculative_tokens={k}"
+                + (" (speculative decoding is off)" if k == 0 else ""),
+                e,
+            )
+        if r.num_computed + n - d != r.known:  # (a running request knows one uncomputed)
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} scheduled {n} tokens with {d} draft(s) after "
+                f"{r.num_computed} computed of {r.known} known: drafts follow every known "
+                f"token, the last included (its {r.known - r.num_computed} uncomputed, then "
+                "the drafts)",
+                e,
+            )
+        return d
+
+    def _check_drafts_verified(self, event: ArEvent) -> None:
+        """`speculative_drafts`: the drafts a step computed are verified before anything but
+        the update phase's events happens."""
+        if self._unverified:
+            pending = sorted(self._unverified)
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"the drafts of {pending} computed in step {self._step.index - 1} were never "
+                "verified (ar_drafts_verified follows the step, before the next is scheduled)",
+                event,
+            )
+
+    def _drafts_verified(self, e: ArDraftsVerified) -> None:
+        """`speculative_drafts`: the model kept `accepted` of the drafts the last step
+        computed, as outputs after the token it sampled; the rest are no longer computed (their
+        blocks stay held, to be overwritten). The accepted tokens' KV is computed now, so with
+        prefix caching their full blocks are cached (vLLM caches after the output)."""
+        r = self._active(e.request_id, e)
+        st, a = self._step, e.accepted
+        if r.drafts == 0 or st.in_schedule_phase:
+            where = (
+                f"inside step {st.index}'s schedule phase"
+                if st.in_schedule_phase
+                else f"after step {st.index - 1}, which scheduled none of its drafts"
+            )
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS, f"{r.request_id!r}'s drafts verified {where}", e
+            )
+        if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= r.drafts:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} accepted {a!r} of the {r.drafts} draft(s) step "
+                f"{st.index - 1} verified",
+                e,
+            )
+        end = r.max_tokens if r.stop_after is None else min(r.max_tokens, r.stop_after)
+        if r.num_output + a > end:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} accepted {a} draft(s) after {r.num_output} outputs: past its "
+                f"end at {end} (max_tokens={r.max_tokens}, stop_after={r.stop_after}); the "
+                "tokens past the end are cut, and rolled back with the rejected ones",
+                e,
+            )
+        r.num_computed -= r.drafts - a
+        r.num_output += a
+        r.attained += a
+        r.drafts = 0
+        self._unverified.discard(r.request_id)
+        if self.config.enable_prefix_caching:
+            self._register_cached(r, r.num_computed)
+        self._touch(r)
+
     def _finished(self, e: ArFinished) -> None:
         r = self._active(e.request_id, e)
         if r.phase is not ArPhase.RUNNING:
             raise self._fail(
                 ArRule.LIFECYCLE, f"{r.request_id!r} finished while {r.phase.value}", e
+            )
+        if r.drafts:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} finished before its {r.drafts} draft(s) of step "
+                f"{self._step.index - 1} were verified (ar_drafts_verified comes first: the "
+                "accepted drafts are outputs the finish condition counts)",
+                e,
             )
         due = finish_reason(r)
         if r.stop_sampled and e.reason is ArFinishReason.STOP:
@@ -1622,6 +1736,7 @@ ArSpecMachine.handlers = MappingProxyType(
         ArAborted: ArSpecMachine._aborted,
         ArPauseSet: ArSpecMachine._pause_set,
         ArCacheReset: ArSpecMachine._cache_reset,
+        ArDraftsVerified: ArSpecMachine._drafts_verified,
     }
 )
 

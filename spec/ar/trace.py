@@ -64,6 +64,10 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
         if not _is_int(value):
             raise bad(_INT)
         return value
+    if name in ("drafts", "accepted"):
+        if not isinstance(value, int) or not _is_int(value) or value < 0:
+            raise bad("an integer >= 0")
+        return value
     if name in ("stop_after", "predicted_len"):
         if value is not None and not _is_int(value):
             raise bad(f"{_INT} or null")
@@ -97,11 +101,13 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
 def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
     """The event as a JSON-ready object (`stop_sampled` only when set: most logs script their
     stops, and the field is then left out; `reset` likewise only when set; `cache_read_limit`
-    only when bounded)."""
+    only when bounded; `drafts` only when some)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
         if f.name in ("stop_sampled", "reset") and not value:
+            continue
+        if f.name == "drafts" and value == 0:
             continue
         if f.name == "cache_read_limit" and value is None:
             continue
@@ -170,6 +176,8 @@ def ar_config_to_dict(
         out[WRITER] = checked_writer(writer)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
+        if OPTIONAL_AR_CONFIG_FIELDS.get(f.name, out) == value:
+            continue  # the value a header that leaves it out means
         out[f.name] = value.value if isinstance(value, Policy) else value
     if policy is not None and policy != ArPolicy():
         out["declared_policy"] = ar_policy_to_dict(policy)
@@ -214,10 +222,21 @@ def _typed_kwargs(cls: type[Any], data: dict[str, Any], where: str, line_no: int
     return out
 
 
+#: `ArConfig` fields a header may leave out, with the value that means: each describes every
+#: log written before it existed exactly (no log had drafts before `num_speculative_tokens`),
+#: and `ar_config_to_dict` writes it only when it differs. Every other field is required.
+OPTIONAL_AR_CONFIG_FIELDS: dict[str, object] = {"num_speculative_tokens": 0}
+
+
 def missing_ar_config_fields(data: dict[str, Any]) -> list[str]:
-    """The `ArConfig` fields `data` (a header or a `--config`) does not give: a header gives
-    every one (`ar_config_to_dict` writes them all), none is filled in with a default."""
-    return [f.name for f in dataclasses.fields(ArConfig) if f.name not in data]
+    """The required `ArConfig` fields `data` (a header or a `--config`) does not give: a header
+    gives every one but those of `OPTIONAL_AR_CONFIG_FIELDS`, and no other is filled in with
+    a default."""
+    return [
+        f.name
+        for f in dataclasses.fields(ArConfig)
+        if f.name not in data and f.name not in OPTIONAL_AR_CONFIG_FIELDS
+    ]
 
 
 def ar_config_from_dict(data: dict[str, Any], line_no: int = 0) -> tuple[ArConfig, ArPolicy]:
@@ -232,7 +251,9 @@ def ar_config_from_dict(data: dict[str, Any], line_no: int = 0) -> tuple[ArConfi
     missing = missing_ar_config_fields(body)
     if missing and not set(body) - known:  # unknown fields first: a misspelt one is named so
         raise TraceFormatError(
-            line_no, f"the header lacks fields {missing}: give every configuration field"
+            line_no,
+            f"the header lacks fields {missing}: give every configuration field (only "
+            f"{sorted(OPTIONAL_AR_CONFIG_FIELDS)} may be left out)",
         )
     try:
         config = ArConfig(**_typed_kwargs(ArConfig, body, "config", line_no))
