@@ -237,6 +237,23 @@ def run_once(serving: Serving, mode: ModeVariant, max_running: int) -> BenchRun:
     )
 
 
+def check_same_outputs(modes: tuple[BenchMode, ...], engines: list[DllmEngine]) -> None:
+    """`RuntimeError` unless every mode decoded every request it still holds alike: ratios of
+    modes that served different tokens would compare different work (the engine's rows are
+    batch-invariant, so they must agree; `schedspec parity` says where they do not)."""
+    first = engines[0].outputs
+    for mode, engine in zip(modes[1:], engines[1:], strict=True):
+        common = first.keys() & engine.outputs.keys()
+        differ = sorted(rid for rid in common if first[rid] != engine.outputs[rid])
+        if differ or (not common and (first or engine.outputs)):
+            raise RuntimeError(
+                f"bench: {mode.name} decoded {len(differ)} of {len(common)} requests otherwise "
+                f"than {modes[0].name} (first {differ[:3]}): the modes must serve the same "
+                "tokens for their ratios to compare like with like; check the device's batch "
+                "invariance with `schedspec parity`"
+            )
+
+
 def run_interleaved(
     serving: Serving,
     max_running: int,
@@ -247,7 +264,11 @@ def run_interleaved(
     its own rounds, so a change in the machine's load hits every mode alike (paired ratios).
     A turn runs whole rounds until `turn_seconds` of the engine's wall time have passed (at
     least one round; 0: one round per turn), so every mode switches engines, and pays the
-    cache refill that follows, equally often per second of its own time."""
+    cache refill that follows, about equally often per second of its own time (a turn ends
+    only after a whole round, and sync's rounds are longer, so its turns run longer). What an
+    engine still has to do once the others are idle it runs alone, unpaired: sync's last
+    rounds, mostly. `run_bench` rotates which mode takes the first turn of each cycle from
+    repeat to repeat. Every mode must decode the same tokens (`check_same_outputs`)."""
     device = serving.device
     engines = [serving.engine(mode, max_running) for mode in modes]
     wall = [0.0] * len(engines)
@@ -262,6 +283,7 @@ def run_interleaved(
                     break
             wall[i] += time.perf_counter() - t0
             cpu[i] += time.thread_time() - c0
+    check_same_outputs(modes, engines)
     runs = []
     for i, (mode, engine) in enumerate(zip(modes, engines, strict=True)):
         snap = engine.snapshot()
@@ -540,14 +562,15 @@ def run_bench(
     run_once(replace(setup, requests=setup.requests[:4]), MODES[2], max(max_running))
     runs: list[BenchRun] = []
     for rep in range(repeats):
+        # each repeat starts with another mode: the engine that takes the first turn of every
+        # cycle rotates, rather than always being sync's
+        order = tuple(modes[(k + rep) % len(modes)] for k in range(len(modes)))
         for m in max_running:
             if interleave:
-                batch = run_interleaved(setup, m, turn_ms / 1000, modes)
+                batch = run_interleaved(setup, m, turn_ms / 1000, order)
             else:
                 # the modes of one max-running value run back to back, in a rotating order
-                batch = [
-                    run_once(setup, modes[(k + rep) % len(modes)], m) for k in range(len(modes))
-                ]
+                batch = [run_once(setup, mode, m) for mode in order]
             for run in batch:
                 runs.append(replace(run, repeat=rep))
                 if progress:
@@ -890,7 +913,7 @@ def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
     print(f"device: {device_name(dev)}  (forwards replayed without step or scheduler)")
     print(
         f"{'max_running':>11}  {'forwards s/f':>13}{'row-fwd s/f':>14}{'keys s/f':>16}"
-        f"{'rows':>7}{'keys':>7}{'forward time':>14}"
+        f"{'rows':>7}{'keys':>7}{'forward time':>14}{'vs sync dropping done':>23}"
     )
     for m in ns.max_running:
         r = forward_bound(setup, m, passes=ns.repeats)
@@ -899,12 +922,14 @@ def _forward_bound_main(ns: argparse.Namespace, args: list[str]) -> int:
             f"{m:>11}  {r.sync.forwards:>6}/{r.fdfo.forwards:<6}"
             f"{r.sync.row_forwards:>7}/{r.fdfo.row_forwards:<6}"
             f"{r.sync.keys:>8}/{r.fdfo.keys:<7}{r.rows_ratio():>6.2f}x{r.keys_ratio():>6.2f}x"
-            f"{r.ratio():>13.2f}x"
+            f"{r.ratio():>13.2f}x{r.busy_ratio():>22.2f}x"
         )
     print(
         "ratios are FDFO/sync per generated token: rows = row-forwards (the benchmark's work "
         "ratio), keys = attended context positions, forward time = the replay (each forward "
-        "at its best time over --repeats passes)"
+        "at its best time over --repeats passes); vs sync dropping done = the replay against "
+        "sync's forwards without the rows done earlier in their round (sync forwards them, as "
+        "SGLang's does)"
     )
     if ns.json:
         payload = {

@@ -14,7 +14,11 @@ This module measures the bound that follows. It serves the benchmark's workload 
 exactly those forwards — `forward_blocks` on a plan built beforehand, no step, no scheduler, no
 events — and reports the ratio of forward time per generated token. FDFO's three variants (with
 or without in-place reuse or re-loop) run the same forwards, so one replay covers them. It is
-FDFO/sync as it would be if the step and the scheduler cost nothing in either mode. Real costs
+FDFO/sync as it would be if the step and the scheduler cost nothing in either mode. A third
+replay, of sync's forwards without the rows whose block was done earlier in the round, says
+how much of that is the finished rows sync forwards (as SGLang's sync loop does; a lock-step
+round could drop them and still wait for its slowest block): FDFO's gain against that sync
+is what its early release of seats buys besides (`BoundResult.busy_ratio`). Real costs
 per forward (the step's, about equal in both) pull the engine's ratio toward the ratio of
 forward counts; FDFO's scheduler, which works once per forward where sync's works once per
 round of several forwards, pulls it down.
@@ -68,11 +72,22 @@ def record_layouts(
 ) -> tuple[list[Layout], ModeWork]:
     """Serve the requests once (untimed); return every forward's layout, in order, and what
     the forwards amount to."""
+    layouts, _, work = record_forwards(serving, mode, max_running)
+    return layouts, work
+
+
+def record_forwards(
+    serving: Serving, mode: ModeVariant, max_running: int
+) -> tuple[list[Layout], list[Layout], ModeWork]:
+    """`record_layouts`, with each forward's busy layout too: its rows less those whose block
+    was done earlier in the same round (the forwards a lock-step round would make if it
+    dropped its finished rows; FDFO has none to drop)."""
     # every forward is kept: the replay needs all of them
     engine = serving.engine(mode, max_running, record=True, forward_log_cap=1 << 30)
     engine.drain()
     b = serving.block_size
     layouts: list[Layout] = []
+    busy: list[Layout] = []
     idle_rows = idle_keys = 0
     done_before: set[tuple[str, int]] = set()  # blocks done earlier in the current round
     round_index = -1
@@ -81,6 +96,8 @@ def record_layouts(
             round_index, done_before = rec.round_index, set()
         layout = tuple(k * b for _, k in rec.rows)
         layouts.append(layout)
+        kept = zip(rec.rows, layout, strict=True)
+        busy.append(tuple(s for block, s in kept if block not in done_before))
         for block, start, done in zip(rec.rows, layout, rec.done, strict=True):
             if block in done_before:
                 idle_rows += 1
@@ -95,7 +112,7 @@ def record_layouts(
         idle_row_forwards=idle_rows,
         idle_keys=idle_keys,
     )
-    return layouts, work
+    return layouts, busy, work
 
 
 class Replayer:
@@ -167,11 +184,19 @@ class BoundResult:
     sync_seconds: float  # the mode's forwards, each at its best time over the passes
     fdfo_seconds: float
     passes: int
+    # sync's forwards without the rows done earlier in their round (`record_forwards`)
+    busy_sync_seconds: float = math.nan
 
     def ratio(self) -> float:
         """FDFO/sync throughput from forward time alone: sync's forward seconds per generated
         token over FDFO's."""
         return (self.sync_seconds / self.sync.tokens) / (self.fdfo_seconds / self.fdfo.tokens)
+
+    def busy_ratio(self) -> float:
+        """FDFO/sync from forward time alone against a lock-step sync that drops its finished
+        rows (`busy_sync_seconds`): what FDFO gains besides not forwarding finished rows,
+        which sync, as SGLang's, forwards until its round ends."""
+        return (self.busy_sync_seconds / self.sync.tokens) / (self.fdfo_seconds / self.fdfo.tokens)
 
     def rows_ratio(self) -> float:
         """FDFO/sync from row-forwards per generated token (the benchmark's work ratio)."""
@@ -200,9 +225,11 @@ class BoundResult:
             "best_forward_seconds": {
                 "sync": round(self.sync_seconds, 4),
                 "fdfo": round(self.fdfo_seconds, 4),
+                "sync_dropping_done_rows": round(self.busy_sync_seconds, 4),
             },
             "passes": self.passes,
             "forward_time_ratio": round(self.ratio(), 3),
+            "forward_time_ratio_vs_sync_dropping_done_rows": round(self.busy_ratio(), 3),
             "row_forward_ratio": round(self.rows_ratio(), 3),
             "attention_key_ratio": round(self.keys_ratio(), 3),
         }
@@ -213,14 +240,19 @@ def forward_bound(serving: Serving, max_running: int, *, passes: int = 5) -> Bou
     times, alternating forward by forward (see the module docstring)."""
     by_name = {m.name: m for m in MODE_VARIANTS}
     works: list[ModeWork] = []
-    replayers: list[Replayer] = []
+    replayed: list[list[Layout]] = []
+    busy: list[list[Layout]] = []
     for name in ("sync", "fdfo"):
-        layouts, work = record_layouts(serving, by_name[name], max_running)
+        layouts, busy_layouts, work = record_forwards(serving, by_name[name], max_running)
         works.append(work)
-        replayers.append(
-            Replayer(
-                serving.model, layouts, serving.block_size, serving.max_context, serving.device
-            )
-        )
+        replayed.append(layouts)
+        busy.append(busy_layouts)
+    replayed.append(busy[0])  # sync dropping its finished rows
+    replayers = [
+        Replayer(serving.model, lay, serving.block_size, serving.max_context, serving.device)
+        for lay in replayed
+    ]
     best = best_forward_seconds(replayers, passes)
-    return BoundResult(max_running, works[0], works[1], sum(best[0]), sum(best[1]), passes)
+    return BoundResult(
+        max_running, works[0], works[1], sum(best[0]), sum(best[1]), passes, sum(best[2])
+    )

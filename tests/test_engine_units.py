@@ -4,6 +4,7 @@ the streaming callback and the bench entry point."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -496,6 +497,25 @@ def test_bench_turns_change_the_timing_only() -> None:
     assert work(0) == work(10_000)
     with pytest.raises(ConfigError):
         bench.run_bench([2], requests=4, repeats=1, model=tiny_model("cpu"), turn_ms=-1)
+
+
+def test_bench_refuses_modes_that_decoded_differently() -> None:
+    """The paired ratios compare like with like only if every mode served the same tokens; a
+    mode whose engine decoded a request otherwise (here: its output tampered with after a run)
+    makes the benchmark fail, naming the mode and the request."""
+    import gpu.bench as bench
+
+    cpu = torch.device("cpu")
+    setup = bench.serving(tiny_model("cpu"), requests=3, max_new_tokens=8, block_size=4,
+                          page_size=4, algorithm="LowConfidence", device=cpu)  # fmt: skip
+    engines = [setup.engine(mode, 2) for mode in bench.MODES]
+    for engine in engines:
+        engine.drain()
+    bench.check_same_outputs(bench.MODES, engines)  # the engine's modes agree
+    rid = next(iter(engines[2].outputs))
+    engines[2].outputs[rid] = (*engines[2].outputs[rid][:-1], -1)
+    with pytest.raises(RuntimeError, match=rf"{re.escape(bench.MODES[2].name)} decoded 1 of 3 "):
+        bench.check_same_outputs(bench.MODES, engines)
 
 
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.FDFO])

@@ -16,6 +16,7 @@ from gpu.forward_bound import (
     Replayer,
     best_forward_seconds,
     forward_bound,
+    record_forwards,
     record_layouts,
 )
 from gpu.parity import engine_config
@@ -60,6 +61,22 @@ def test_layouts_are_the_engines_forwards_and_fdfo_variants_share_them() -> None
     assert sync_work.keys - sync_work.idle_keys == fdfo_work.keys
 
 
+def test_sync_dropping_its_done_rows_forwards_exactly_fdfos_rows() -> None:
+    """The busy layouts are sync's forwards less the rows done earlier in their round: as many
+    forwards as sync, each keeping its undone rows (never empty: a round goes on only while a
+    block is undone), and in all exactly FDFO's row-forwards and attended keys."""
+    setup = _setup()
+    layouts, busy, work = record_forwards(setup, MODES["sync"], 3)
+    fdfo_layouts, fdfo_busy, fdfo_work = record_forwards(setup, MODES["fdfo"], 3)
+    assert fdfo_busy == fdfo_layouts  # FDFO has no finished row to drop
+    assert len(busy) == len(layouts) and all(busy)
+    assert all(set(kept) <= set(full) for kept, full in zip(busy, layouts, strict=True))
+    assert sum(len(lay) for lay in busy) == work.row_forwards - work.idle_row_forwards
+    assert sum(len(lay) for lay in busy) == fdfo_work.row_forwards
+    assert sum(s + 4 for lay in busy for s in lay) == fdfo_work.keys
+    assert busy != layouts  # some rows were dropped
+
+
 def test_every_pass_runs_every_recorded_forward_once() -> None:
     """Each pass makes exactly the recorded forwards (the attention groups of the layouts, no
     more, no fewer), after one untimed warm-up forward per mode; every forward gets a best
@@ -82,6 +99,7 @@ def test_forward_bound_result_and_cli_json(tmp_path: Path) -> None:
     assert result.sync_seconds > 0 and result.fdfo_seconds > 0 and result.passes == 2
     assert result.rows_ratio() > 1.0  # FDFO forwards fewer rows per token than sync
     assert result.ratio() > 0
+    assert result.busy_sync_seconds > 0 and result.busy_ratio() > 0
     out = tmp_path / "bound.json"
     args = ["--forward-bound", "--max-running", "2", "--requests", "3", "--max-new-tokens", "8"]
     assert bench_main([*args, "--repeats", "1", "--json", str(out)]) == 0
@@ -91,4 +109,6 @@ def test_forward_bound_result_and_cli_json(tmp_path: Path) -> None:
     assert row["row_forwards"]["sync"] >= row["row_forwards"]["fdfo"] > 0
     assert row["forward_time_ratio"] > 0 and row["passes"] == 1
     assert row["best_forward_seconds"]["sync"] > 0
+    assert row["best_forward_seconds"]["sync_dropping_done_rows"] > 0
+    assert row["forward_time_ratio_vs_sync_dropping_done_rows"] > 0
     assert data["command"].startswith("schedspec bench engine --forward-bound")
