@@ -19,7 +19,13 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from integrations.vllm.offload_store import OffloadStore
 
@@ -63,7 +69,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.count += 1
         return f"r{self.count}"
 
-    @rule(capacity=st.integers(1, 6), seed=st.integers(0, 2**16))
+    @initialize(capacity=st.integers(1, 6), seed=st.integers(0, 2**16))
     def open_store(self, capacity: int, seed: int) -> None:
         if self.store is None:
             self.store = self.store_class(seed, BLOCK, sync_loads=False, capacity=capacity)
@@ -132,9 +138,37 @@ def test_the_store_keeps_its_rules() -> None:
     run_state_machine_as_test(StoreMachine, settings=SETTINGS)
 
 
-def test_the_machine_catches_a_store_that_evicts_a_block_being_loaded() -> None:
-    class Mutant(StoreMachine):
-        store_class = _EvictsWhatIsLoading
+class _Mutant(StoreMachine):
+    store_class = _EvictsWhatIsLoading
 
+
+def test_the_machine_catches_a_store_that_evicts_a_block_being_loaded() -> None:
+    """The search finds the seeded bug. Derandomized, as the project's other mutant hunts are:
+    the bug needs a hit loaded while a store evicts (about five steps in order), which a random
+    search missed under one Hypothesis seed in four or eight; the fixed sequence below needs
+    no search at all."""
     with pytest.raises(AssertionError, match="evicted while loading for r"):
-        run_state_machine_as_test(Mutant, settings=SETTINGS)
+        run_state_machine_as_test(_Mutant, settings=settings(SETTINGS, derandomize=True))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_block_being_loaded_is_pinned_against_the_next_store(seed: int) -> None:
+    """One block of room: r1 stores h0, r2 hits it and loads it, r3 finishes with h1 and must
+    store it. The store keeps h0 until r2's load is reported (and stores nothing for r3); the
+    seeded bug evicts h0 under the load."""
+    for machine_class, pinned in ((StoreMachine, True), (_Mutant, False)):
+        machine = machine_class()
+        machine.open_store(capacity=1, seed=seed)
+        machine.finish([HASHES[0]])
+        for _ in range(4):  # the worker reports r1's store done
+            machine.run_batch()
+        assert HASHES[0] in machine.s.stored
+        machine.load([HASHES[0]])
+        assert [t.kind for t in machine.s.in_flight.values()] == ["load"]
+        machine.finish([HASHES[1]])
+        if pinned:
+            machine.loads_read_held_blocks()
+            machine.within_capacity()
+        else:
+            with pytest.raises(AssertionError, match="evicted while loading for r2"):
+                machine.loads_read_held_blocks()
