@@ -19,7 +19,7 @@ import pytest
 from properties.ar.decisions import operations
 from properties.ar.trace_check import check_ar_trace
 from schedspec_cli.main import main
-from spec.ar.config import ArConfig
+from spec.ar.config import AdmissionOrder, ArConfig, ArRules, Policy, VictimOrder
 from spec.ar.events import (
     ArAborted,
     ArBlocksAllocated,
@@ -29,10 +29,12 @@ from spec.ar.events import (
     ArFinished,
     ArFinishReason,
     ArPauseSet,
+    ArPreempted,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
 )
+from spec.ar.profile import ArPolicy
 from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, ar_event_to_dict
 from spec.errors import CannotDrive
 from spec.trace import TraceFormatError
@@ -159,6 +161,36 @@ EDGES: dict[str, tuple[list[ArEvent], ArConfig, str, str]] = {
         CFG,
         "speculative_drafts",
         "'a' freed blocks [1, 2] before its 2 draft(s) of step 1 were verified",
+    ),
+    "drafts past max_model_len": (
+        # 7 positions: after 5 computed, the last known token and one draft fit (positions 5
+        # and 6 would leave none for the step's sample: vLLM trims to 1 token), not 2 drafts
+        [
+            ArSubmitted("a", 3, 4),
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 3),
+            ArStepEnd(0),
+            ArScheduled("a", 1),
+            ArStepEnd(1),
+            ArBlocksAllocated("a", (2,)),
+            ArScheduled("a", 1),
+            ArStepEnd(2),
+            ArScheduled("a", 3, drafts=2),
+        ],
+        CFG.replace(max_model_len=7),
+        "speculative_drafts",
+        "positions up to 7, past max_model_len=7 less the one the step samples",
+    ),
+    "a reset's preemption before the verification": (
+        [
+            *A_PREFILLED,
+            ArScheduled("a", 3, drafts=2),
+            ArStepEnd(1),
+            ArPreempted("a", (1, 2), reset=True),
+        ],
+        CFG,
+        "speculative_drafts",
+        "were never verified",
     ),
     "a pause before the verification": (
         [*A_PREFILLED, ArScheduled("a", 3, drafts=2), ArStepEnd(1), ArPauseSet("paused_all")],
@@ -299,3 +331,42 @@ def test_no_twin_replays_drafts(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "OK" not in out, out
     assert "no AR twin replays speculative decoding" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_victim_readmitted_in_its_step_keeps_no_stale_drafts() -> None:
+    """Under vLLM 0.33's priority victim order (any running request, a scheduled one included)
+    with same-step readmission declared, a victim scheduled with drafts, preempted and
+    readmitted without them in the same step computes no draft. Its drafts used to stay on the
+    step and be counted at its end: `speculative_drafts` said they were never verified."""
+    config = ArConfig(
+        block_size=4,
+        num_blocks=4,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+        num_speculative_tokens=2,
+        policy=Policy.PRIORITY,
+    )
+    policy = ArPolicy(
+        rules=ArRules(
+            admission=AdmissionOrder.PRIORITY,
+            victim=VictimOrder.LOWEST_PRIORITY_ANY,
+            admit_after_preemption=True,
+        )
+    )
+    events: list[ArEvent] = [
+        ArSubmitted("v", 4, 6, None, 5),
+        ArBlocksAllocated("v", (1,)),
+        ArScheduled("v", 4),
+        ArStepEnd(0),
+        ArSubmitted("h", 5, 2, None, 0),  # more urgent, and needs v's blocks
+        ArBlocksAllocated("v", (3,)),
+        ArScheduled("v", 3, drafts=2),
+        ArPreempted("v", (1, 3)),
+        ArBlocksAllocated("h", (1, 2)),
+        ArScheduled("h", 5),
+        ArBlocksAllocated("v", (3,)),
+        ArScheduled("v", 4),  # readmitted: a prefill chunk, no drafts
+        ArStepEnd(1),
+        ArScheduled("h", 1),
+    ]
+    assert verdict(events, config, policy) == ("", "")

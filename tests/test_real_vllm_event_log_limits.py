@@ -233,6 +233,7 @@ def test_the_log_refuses_one_group_that_is_not_full_attention() -> None:
     window = v.kv_iface.SlidingWindowSpec.__new__(v.kv_iface.SlidingWindowSpec)
     scheduler = SimpleNamespace(
         scheduler_config=SimpleNamespace(async_scheduling=False),
+        vllm_config=SimpleNamespace(max_concurrent_batches=1),
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=window)]),
         connector=None,
         num_spec_tokens=0,
@@ -252,3 +253,18 @@ def test_the_log_refuses_an_asynchronous_scheduler() -> None:
     with pytest.raises(ConfigError) as caught:
         EngineCoreLoop(program.config, async_scheduling=True, mutate=attach).run(program)
     assert caught.value.field == "async_scheduling" and lines == [], str(caught.value)
+
+
+def test_the_log_refuses_pipeline_stages() -> None:
+    """Synchronous pipeline stages run vLLM's batch queue (`max_concurrent_batches` =
+    `pipeline_parallel_size`): a step is scheduled before the last one's output is applied, so
+    a drafted request's verification would come after the next schedule phase. Refused,
+    naming the setting, with nothing written."""
+    config = ArConfig(block_size=2, num_blocks=12, max_num_batched_tokens=8, max_model_len=16)
+    adapter = RealVllmScheduler(config, lambda e: None)
+    adapter.sched.vllm_config.parallel_config.pipeline_parallel_size = 2
+    lines: list[str] = []
+    with pytest.raises(ConfigError) as caught:
+        VllmEventLog(adapter.sched, lines.append)
+    assert caught.value.field == "max_concurrent_batches", str(caught.value)
+    assert lines == []

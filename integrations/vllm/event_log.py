@@ -164,7 +164,8 @@ def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
 
 def loggable(scheduler: Any, v: Any) -> None:
     """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
-    cannot describe: asynchronous scheduling, a KV cache other than one full-attention group,
+    cannot describe: asynchronous scheduling, more than one batch in flight (pipeline stages),
+    a KV cache other than one full-attention group,
     a KV connector, speculative decoding with a drafter of its own (lookahead slots) or other
     than one sampled token per step (`v`: `load_vllm()`'s modules)."""
     if bool(scheduler.scheduler_config.async_scheduling):
@@ -173,6 +174,15 @@ def loggable(scheduler: Any, v: Any) -> None:
             True,
             "False: an asynchronous scheduler runs a step ahead of the model, which an AR "
             "event log does not describe (serve with --no-async-scheduling to log)",
+        )
+    in_flight = int(scheduler.vllm_config.max_concurrent_batches)
+    if in_flight > 1:  # synchronous pipeline stages: the engine core's batch queue
+        raise ConfigError(
+            "max_concurrent_batches",
+            in_flight,
+            "1: with pipeline stages (pipeline_parallel_size > 1) the engine core schedules "
+            "the next step before the last one's output is applied, which an AR event log "
+            "does not describe",
         )
     groups = list(scheduler.kv_cache_config.kv_cache_groups)
     kinds = [type(g.kv_cache_spec).__name__ for g in groups]

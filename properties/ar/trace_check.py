@@ -28,6 +28,7 @@ from spec.ar.config import ArConfig
 from spec.ar.events import (
     ArAborted,
     ArBlocksFreed,
+    ArDraftsVerified,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -39,8 +40,9 @@ from spec.ar.profile import ArPolicy
 from spec.ar.trace import ArTraceReader, ar_policy_to_dict
 from spec.errors import ConfigError, SpecViolation
 
-# Events that may come between steps (no scheduling phase starts with them).
-_BETWEEN = (ArSubmitted, ArAborted, ArBlocksFreed, ArFinished, ArStepEnd)
+# Events that may come between steps (no scheduling phase starts with them): the update
+# phase's, after which the between-steps invariants are checked.
+_BETWEEN = (ArSubmitted, ArAborted, ArBlocksFreed, ArFinished, ArStepEnd, ArDraftsVerified)
 
 
 @dataclass(frozen=True, slots=True)

@@ -645,6 +645,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         else:
             self._running.remove(r.request_id)
         self._step.scheduled.pop(r.request_id, None)
+        self._step.drafts.pop(r.request_id, None)
         self._retire(r, ArPhase.ABORTED)
 
     # --- scheduling phase -----------------------------------------------------
@@ -1116,6 +1117,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         """An operator's cache reset preempts a running request between steps (`ArPreempted`
         with `reset`): no victim rule applies, and the next step may readmit it."""
         r = self._active(e.request_id, e)
+        self._check_drafts_verified(e)
         if self._step.in_schedule_phase:
             raise self._fail(
                 ArRule.LIFECYCLE,
@@ -1150,6 +1152,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         """A preemption's effect: every block freed, the computed tokens discarded, the
         request at the head of the queue (in arrival order under a look-ahead)."""
         st = self._step
+        if r.drafts:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} preempted before its {r.drafts} draft(s) of step "
+                f"{st.index - 1} were verified",
+                e,
+            )
         for b in e.freed:
             if r.request_id not in self._holders.get(b, ()):
                 raise self._fail(
@@ -1171,6 +1180,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         # returned to the budget, and what that scheduling cached is uncached: the forward
         # never writes it.
         if st.in_schedule_phase and st.scheduled.pop(r.request_id, None) is not None:
+            st.drafts.pop(r.request_id, None)  # a readmission in this step schedules anew
             self._uncache_unwritten(r)
         r.blocks.clear()
         r.num_computed = 0
@@ -1411,6 +1421,15 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 + (" (speculative decoding is off)" if k == 0 else ""),
                 e,
             )
+        if r.num_computed + n > self.config.max_model_len - 1:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} scheduled {n} tokens with {d} draft(s) after "
+                f"{r.num_computed} computed: positions up to {r.num_computed + n - 1}, past "
+                f"max_model_len={self.config.max_model_len} less the one the step samples "
+                "(vLLM trims the drafts to fit)",
+                e,
+            )
         if r.num_computed + n - d != r.known:  # (a running request knows one uncomputed)
             raise self._fail(
                 ArRule.SPECULATIVE_DRAFTS,
@@ -1441,14 +1460,12 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         prefix caching their full blocks are cached (vLLM caches after the output)."""
         r = self._active(e.request_id, e)
         st, a = self._step, e.accepted
-        if r.drafts == 0 or st.in_schedule_phase:
-            where = (
-                f"inside step {st.index}'s schedule phase"
-                if st.in_schedule_phase
-                else f"after step {st.index - 1}, which scheduled none of its drafts"
-            )
+        if r.drafts == 0 or r.phase is not ArPhase.RUNNING:
             raise self._fail(
-                ArRule.SPECULATIVE_DRAFTS, f"{r.request_id!r}'s drafts verified {where}", e
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r}'s drafts verified ({r.phase.value}) after step "
+                f"{st.index - 1}, which scheduled none of its drafts",
+                e,
             )
         if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= r.drafts:
             raise self._fail(
@@ -1522,6 +1539,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             )
         self._running.remove(r.request_id)
         self._step.scheduled.pop(r.request_id, None)
+        self._step.drafts.pop(r.request_id, None)
         self._retire(r, ArPhase.FINISHED)
         if r.blocks:  # declared: it keeps them until its static batch ends
             self._batch_held[r.request_id] = r

@@ -118,12 +118,13 @@ _AR_RULES: dict[ArRule, str] = {
     "step's schedule phase.",
     ArRule.SPECULATIVE_DRAFTS: "Speculative decoding (num_speculative_tokens = k > 0): a step "
     "schedules a request's draft tokens (`ar_scheduled` with `drafts`) only after all its known "
-    "tokens, at most k; the step end counts them computed, and before anything else happens "
-    "(the next schedule phase, a pause, a reset, a free of its blocks, its finish) one "
-    "`ar_drafts_verified` says how many the model accepted: at most those drafts, never past "
-    "max_tokens or the scripted end token. They are its next outputs, after the token the step "
-    "sampled (cached like any computed token); the rejected ones are no longer computed, and "
-    "their blocks stay held.",
+    "tokens, at most k, and none at a position past max_model_len less the token the step "
+    "samples (vLLM trims them to fit); the step end counts them computed, and before anything "
+    "else happens (the next schedule phase, a pause, a reset or a preemption, a free of its "
+    "blocks, its finish) one `ar_drafts_verified` of the running request says how many the "
+    "model accepted: at most those drafts, never past max_tokens or the scripted end token. "
+    "They are its next outputs, after the token the step sampled (cached like any computed "
+    "token); the rejected ones are no longer computed, and their blocks stay held.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
