@@ -48,10 +48,12 @@ def request_room(config: DllmConfig) -> int:
     return min(config.max_context, config.kv_slots) // config.block_size * config.block_size
 
 
-def fitting_request(rng: random.Random, config: DllmConfig, rid: str) -> RequestSpec:
-    """A random request of at most 12 prompt and 12 new tokens that `config` accepts (its
-    `request_room` must be at least 2)."""
+def fitting_request(rng: random.Random, config: DllmConfig, rid: str) -> RequestSpec | None:
+    """A random request of at most 12 prompt and 12 new tokens that `config` accepts; None
+    where it accepts none (`request_room` under 2)."""
     room = request_room(config)
+    if room < 2:
+        return None
     prompt = tuple(rng.randint(0, 14) for _ in range(rng.randint(1, min(12, room - 1))))
     return RequestSpec(rid, prompt, rng.randint(1, min(12, room - len(prompt))))
 
@@ -66,7 +68,8 @@ def _drive(factory: object, config: DllmConfig, seed: int) -> Harness:
         for i in range(rng.randint(3, 12)):
             # within the context and the pool (a config with max_context 2, or one pool slot,
             # refused every request before, and a program without rounds then had no event)
-            if h.submit(fitting_request(rng, config, f"r{i}")) is None:
+            request = fitting_request(rng, config, f"r{i}")
+            if request is not None and h.submit(request) is None:
                 ids.append(f"r{i}")
             for _ in range(rng.randint(0, 3)):
                 h.round()

@@ -186,7 +186,9 @@ def _drive(factory: object, config: DllmConfig, seed: int) -> Harness:
         for i in range(rng.randint(3, 10)):
             # requests the config accepts: a pool or context too small for every request
             # left a program without rounds with no event to compare (one seed in forty)
-            h.submit(fitting_request(rng, config, f"r{i}"))
+            request = fitting_request(rng, config, f"r{i}")
+            if request is not None:
+                h.submit(request)
             for _ in range(rng.randint(0, 3)):
                 h.round()
         h.drain()
