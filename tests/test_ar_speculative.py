@@ -163,8 +163,8 @@ EDGES: dict[str, tuple[list[ArEvent], ArConfig, str, str]] = {
         "'a' freed blocks [1, 2] before its 2 draft(s) of step 1 were verified",
     ),
     "drafts past max_model_len": (
-        # 7 positions: after 5 computed, the last known token and one draft fit (positions 5
-        # and 6 would leave none for the step's sample: vLLM trims to 1 token), not 2 drafts
+        # 7 positions: after 5 computed only the last known token (position 5) fits, position
+        # 6 being the one its step samples: vLLM trims the drafts away
         [
             ArSubmitted("a", 3, 4),
             ArBlocksAllocated("a", (1,)),
@@ -175,11 +175,11 @@ EDGES: dict[str, tuple[list[ArEvent], ArConfig, str, str]] = {
             ArBlocksAllocated("a", (2,)),
             ArScheduled("a", 1),
             ArStepEnd(2),
-            ArScheduled("a", 3, drafts=2),
+            ArScheduled("a", 2, drafts=1),
         ],
         CFG.replace(max_model_len=7),
         "speculative_drafts",
-        "positions up to 7, past max_model_len=7 less the one the step samples",
+        "positions up to 6, past max_model_len=7 less the one the step samples",
     ),
     "a reset's preemption before the verification": (
         [

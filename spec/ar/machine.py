@@ -1152,13 +1152,6 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         """A preemption's effect: every block freed, the computed tokens discarded, the
         request at the head of the queue (in arrival order under a look-ahead)."""
         st = self._step
-        if r.drafts:
-            raise self._fail(
-                ArRule.SPECULATIVE_DRAFTS,
-                f"{r.request_id!r} preempted before its {r.drafts} draft(s) of step "
-                f"{st.index - 1} were verified",
-                e,
-            )
         for b in e.freed:
             if r.request_id not in self._holders.get(b, ()):
                 raise self._fail(
@@ -1460,11 +1453,12 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         prefix caching their full blocks are cached (vLLM caches after the output)."""
         r = self._active(e.request_id, e)
         st, a = self._step, e.accepted
-        if r.drafts == 0 or r.phase is not ArPhase.RUNNING:
+        # (a request with drafts runs: every way out of running checks them verified first)
+        if r.drafts == 0:
             raise self._fail(
                 ArRule.SPECULATIVE_DRAFTS,
-                f"{r.request_id!r}'s drafts verified ({r.phase.value}) after step "
-                f"{st.index - 1}, which scheduled none of its drafts",
+                f"{r.request_id!r}'s drafts verified after step {st.index - 1}, which scheduled "
+                "none of its drafts",
                 e,
             )
         if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= r.drafts:
