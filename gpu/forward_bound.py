@@ -185,7 +185,7 @@ class BoundResult:
     fdfo_seconds: float
     passes: int
     # sync's forwards without the rows done earlier in their round (`record_forwards`)
-    busy_sync_seconds: float = math.nan
+    busy_sync_seconds: float
 
     def ratio(self) -> float:
         """FDFO/sync throughput from forward time alone: sync's forward seconds per generated

@@ -235,8 +235,9 @@ class VllmEventLog:
         # update_from_output calls finish_requests), and the requests a nested call ended
         self._open: list[ArPoolView] = []
         self._ended_inside: set[str] = set()
-        # while update_from_output runs: logs its verified drafts (`_verify_drafts`)
-        self._verify: Callable[[], None] | None = None
+        # while update_from_output runs: each request whose drafts it verifies -> (the
+        # request, its outputs before the call), logged once by `_verify_drafts`
+        self._drafted: dict[str, tuple[Any, int]] = {}
         self._hooks = InstanceHooks()
         self.writer: str = scheduler_writer(scheduler, "vllm")
         write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
@@ -306,29 +307,15 @@ class VllmEventLog:
 
     def _update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._ended_inside.clear()
-        # requests whose drafts the step verified -> (the request, its drafts, its outputs)
-        drafted = {
-            str(rid): (request, len(ids), len(request.output_token_ids))
+        self._drafted = {
+            str(rid): (request, len(request.output_token_ids))
             for rid, ids in scheduler_output.scheduled_spec_decode_tokens.items()
             if ids and (request := self.scheduler.requests.get(rid)) is not None
         }
-
-        def verified() -> None:
-            """`ArDraftsVerified` per drafted request, before any free of the call: vLLM rolls
-            the computed tokens back (rejected drafts, and tokens cut at a stop) in its loop
-            over the batch, before it frees what stopped and before it ends a request in error
-            (`finish_requests`, after the loop). The accepted drafts are the outputs it
-            appended past the sampled token."""
-            for rid, (request, _, outputs) in drafted.items():
-                appended = len(request.output_token_ids) - outputs
-                if appended:
-                    self._emit(ArDraftsVerified(rid, appended - 1))
-
-        self._verify = verified
         try:
             outputs = self._releasing("update_from_output", scheduler_output, *args, **kwargs)
         finally:
-            self._verify = None
+            self._drafted = {}
         ended, self._ended_inside = self._ended_inside, set()
         for per_client in outputs.values():
             for o in per_client.outputs:
@@ -406,11 +393,17 @@ class VllmEventLog:
         return result
 
     def _verify_drafts(self) -> None:
-        """Log the drafts `update_from_output` verified, once, before the first free after
-        its loop (nothing when no update is under way)."""
-        verify, self._verify = self._verify, None
-        if verify is not None:
-            verify()
+        """`ArDraftsVerified` per request whose drafts `update_from_output` verified, once,
+        before the first free after its loop (nothing when no update is under way): vLLM rolls
+        the computed tokens back (rejected drafts, and tokens cut at a stop) in its loop over
+        the batch, before it frees what stopped and before it ends a request in error
+        (`finish_requests`, after the loop). The accepted drafts are the outputs it appended
+        past the sampled token."""
+        drafted, self._drafted = self._drafted, {}
+        for rid, (request, outputs) in drafted.items():
+            appended = len(request.output_token_ids) - outputs
+            if appended:
+                self._emit(ArDraftsVerified(rid, appended - 1))
 
     def _view(self, where: str, scheduled: dict[str, int] | None = None) -> ArPoolView:
         """The scheduler's pools (`pool_view`), its queues checked first: `SpecViolation`,
