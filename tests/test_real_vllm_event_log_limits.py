@@ -10,8 +10,9 @@ not do:
   `evict_unreferenced_only`. A KV connector (loads into waiting requests, late frees) and
   speculative decoding (rejected drafts lower the computed tokens) had no AR events either.
   Attaching to any of these was made a `ConfigError` naming the setting; speculative
-  decoding without lookahead slots (ngram) is now logged (`test_real_vllm_event_log_drafts`),
-  and a drafter that reserves them (EAGLE, a draft model) is refused.
+  decoding is now logged: ngram's drafts (`test_real_vllm_event_log_drafts`), and EAGLE's and a
+  draft model's with their lookahead slots (`test_real_vllm_event_log_lookahead`); a
+  multi-module MTP drafter, which shortens prefill chunks, is refused.
 - A request vLLM ends with `FINISHED_ERROR` inside `update_from_output` (a grammar that failed
   to compile: vLLM calls `finish_requests` from there) had its blocks logged freed twice, the
   nested call's frees and then the outer call's, and the check said `free_owned_only`.
@@ -49,7 +50,6 @@ def _vllm() -> None:
     [
         ({"sliding_window": 4}, "kv_cache_groups"),
         ({"kv_connector": "recompute"}, "kv_connector"),
-        ({"speculative_tokens": 2, "speculative_method": "eagle"}, "num_lookahead_tokens"),
     ],
 )
 def test_the_log_refuses_a_scheduler_it_cannot_describe(
@@ -70,6 +70,31 @@ def test_the_log_refuses_a_scheduler_it_cannot_describe(
         ).run(program)
     assert caught.value.field == field, str(caught.value)
     assert lines == []  # not even a header: nothing that a check could misread
+
+
+def test_the_log_refuses_a_multi_module_mtp_drafter() -> None:
+    """vLLM gives a multi-module MTP drafter a prefill lookahead of its k drafts: the scheduler
+    ends no prefill chunk within k tokens of the prefill end, and passes over a request it
+    cannot so schedule. No adapter drives an MTP model, so the log refuses the scheduler, here
+    an EAGLE one given MTP's prefill lookahead of 2, naming the setting."""
+    program = core_program(0)
+    lines: list[str] = []
+
+    def attach(scheduler: Any) -> None:
+        scheduler.num_prefill_lookahead = 2
+        VllmEventLog(scheduler, lines.append)
+
+    with pytest.raises(ConfigError) as caught:
+        EngineCoreLoop(
+            program.config,
+            async_scheduling=False,
+            mutate=attach,
+            speculative_tokens=2,
+            speculative_method="eagle",
+        ).run(program)
+    assert caught.value.field == "num_prefill_lookahead", str(caught.value)
+    assert "multi-module MTP" in str(caught.value)
+    assert lines == []
 
 
 def test_the_log_refuses_a_streaming_input_session() -> None:

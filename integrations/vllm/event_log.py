@@ -44,8 +44,10 @@ So is a streaming-input session's request (`resumable`, refused before vLLM sees
 attaching to a scheduler whose KV cache is not one full-attention group (a sliding
 window or Mamba group frees and recycles blocks of running requests, which one block table
 cannot show), one with a KV connector (it loads KV into waiting requests and frees finished
-ones' blocks late), or one whose speculative decoding reserves lookahead slots (EAGLE, a draft
-model; ngram's drafts are logged): `loggable` says which.
+ones' blocks late), or one with a multi-module MTP drafter (it shortens prefill chunks near the
+prefill end): `loggable` says which. Drafts by ngram, EAGLE or a draft model are logged; the
+last two reserve KV slots past the step's tokens (`num_lookahead_tokens`), which the spec's
+block rules allow up to `max_model_len`.
 
 A request vLLM ends inside `update_from_output` (a grammar that failed to compile, an encoder
 cache mismatch: vLLM calls `finish_requests` from there with `FINISHED_ERROR`) is logged once,
@@ -166,8 +168,10 @@ def loggable(scheduler: Any, v: Any) -> None:
     """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
     cannot describe: asynchronous scheduling, more than one batch in flight (pipeline stages),
     a KV cache other than one full-attention group,
-    a KV connector, speculative decoding with a drafter of its own (lookahead slots) or other
-    than one sampled token per step (`v`: `load_vllm()`'s modules)."""
+    a KV connector, a multi-module MTP drafter (prefill lookahead past one token) or other
+    than one sampled token per step (`v`: `load_vllm()`'s modules). Speculative decoding by
+    ngram, EAGLE or a draft model is logged: the lookahead slots the last two reserve are
+    blocks past the step's tokens, which the spec allows within `max_model_len`."""
     if bool(scheduler.scheduler_config.async_scheduling):
         raise ConfigError(
             "async_scheduling",
@@ -200,14 +204,18 @@ def loggable(scheduler: Any, v: Any) -> None:
             "None: a connector loads KV into waiting requests and frees finished requests' "
             "blocks after their finish, which the AR event log does not describe",
         )
-    lookahead = int(getattr(scheduler, "num_lookahead_tokens", 0) or 0)
-    if lookahead:
+    # EAGLE's and a draft model's lookahead slots are blocks past the step's tokens, within
+    # max_model_len: the spec bounds a request's blocks from below and by max_model_len only.
+    # A multi-module MTP drafter also shortens prefill chunks near the prefill end and passes
+    # over a request it cannot so schedule; no adapter drives one, so none is vouched for.
+    prefill_lookahead = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
+    if prefill_lookahead > 1:
         raise ConfigError(
-            "num_lookahead_tokens",
-            lookahead,
-            "0 (speculative decoding without a drafter of its own, as ngram): a drafter such "
-            "as EAGLE or a draft model reserves KV slots past the drafts and may skip "
-            "drafting, which the AR event log does not describe",
+            "num_prefill_lookahead",
+            prefill_lookahead,
+            "0 or 1 (ngram, EAGLE, a draft model): a multi-module MTP drafter ends no prefill "
+            "chunk within its lookahead of the prefill end and passes over a request it "
+            "cannot so schedule, which no AR event log here has been checked to describe",
         )
     sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1))
     if sampled != 1:
