@@ -59,6 +59,7 @@ import torch
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.device_name import device_name
+from gpu.device_timer import DeviceTimer
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device, wait_for_device
 from gpu.model import BlockDiffusionLM
 from gpu.parity import engine_config
@@ -112,7 +113,7 @@ class BenchRun:
     seconds: float
     forwards: int
     rounds: int
-    forward_seconds: float
+    forward_seconds: float  # host wall time in forwards (on CUDA: queuing their kernels)
     step_seconds: float
     # CPU time of the drain: the process's (`run_once`), the calling thread's in its turns
     # (`run_interleaved`); with one torch thread, time actually computing
@@ -125,6 +126,9 @@ class BenchRun:
     # per forward its distinct context lengths (one attention call per layer each), summed
     attention_groups: int = 0
     repeat: int = 0
+    # the forwards' device time (`ModelRunner.device_forward_seconds`): CUDA events on CUDA,
+    # `forward_seconds` on a CPU device; what the "forward" clock's ratios read
+    device_forward_seconds: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -143,7 +147,10 @@ class BenchRun:
 
     def profile_ms(self) -> dict[str, float]:
         """Wall ms per forward: model (forward minus attention), attention, step, scheduler
-        (the rest of the rounds: admission, allocation, batching, events, commits)."""
+        (the rest of the rounds: admission, allocation, batching, events, commits), and the
+        forward's device time (on a CPU device, model + attention; on CUDA, from events,
+        while the four wall parts count the wait for the device in the step, whose read-back
+        of the done flags waits)."""
         n = max(self.forwards, 1)
         return {
             "model": 1000 * (self.forward_seconds - self.attention_seconds) / n,
@@ -151,6 +158,7 @@ class BenchRun:
             "step": 1000 * self.step_seconds / n,
             "scheduler": 1000 * (self.seconds - self.forward_seconds - self.step_seconds) / n,
             "total": 1000 * self.seconds / n,
+            "device_forward": 1000 * self.device_forward_seconds / n,
         }
 
 
@@ -200,6 +208,8 @@ class Serving:
             forward_log_cap=forward_log_cap,
             rows_released_between_rounds=isinstance(mode, BenchMode) and mode.rows_released,
         )
+        if self.device.type == "cuda":  # the forwards' device time, not their launch time
+            engine.runner.device_timer = DeviceTimer()
         for req in self.requests:
             engine.submit(req)
         return engine
@@ -233,6 +243,7 @@ def run_once(serving: Serving, mode: ModeVariant, max_running: int) -> BenchRun:
         attention_seconds=engine.runner.attention_seconds,
         row_rounds=engine.row_rounds,
         block_allocations=engine.blocks_allocated,
+        device_forward_seconds=engine.runner.device_forward_seconds,
         attention_groups=engine.runner.attention_groups,
     )
 
@@ -306,6 +317,7 @@ def run_interleaved(
                 row_rounds=engine.row_rounds,
                 block_allocations=engine.blocks_allocated,
                 attention_groups=engine.runner.attention_groups,
+                device_forward_seconds=engine.runner.device_forward_seconds,
             )
         )
     return runs
@@ -442,6 +454,7 @@ class BenchReport:
                         "row_forwards": r.row_forwards,
                         "rounds": r.rounds,
                         "forward_seconds": round(r.forward_seconds, 4),
+                        "device_forward_seconds": round(r.device_forward_seconds, 4),
                         "step_seconds": round(r.step_seconds, 4),
                         "kv_seconds": round(r.kv_seconds, 4),
                         "attention_seconds": round(r.attention_seconds, 4),
@@ -474,7 +487,7 @@ class BenchReport:
 _RATES: dict[str, Callable[[BenchRun], float]] = {
     "wall": lambda r: r.tokens_per_s,
     "cpu": lambda r: r.tokens_per_cpu_s,
-    "forward": lambda r: r.tokens / r.forward_seconds,
+    "forward": lambda r: r.tokens / r.device_forward_seconds,
     "work": lambda r: r.tokens / r.row_forwards,
 }
 _RANGED_CLOCKS = ("wall", "cpu", "forward")
@@ -616,7 +629,7 @@ def _print(report: BenchReport) -> None:
             )
     print(
         "\nprofile, wall ms per forward (median run): model | attention | step | scheduler;"
-        " attention calls per layer per forward"
+        " the forward's device time; attention calls per layer per forward"
     )
     for m in report.max_running_values():
         for mode in report.modes:
@@ -625,6 +638,7 @@ def _print(report: BenchReport) -> None:
             print(
                 f"{m:>11}  {mode.name:<19}{prof['model']:>8.3f}{prof['attention']:>8.3f}"
                 f"{prof['step']:>8.3f}{prof['scheduler']:>8.3f}   total {prof['total']:.3f}"
+                f"   device {prof['device_forward']:.3f}"
                 f"   attention calls {run.attention_calls_per_forward:.1f}"
             )
     labels = {

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from gpu.device_timer import DeviceTimer
 from gpu.kv_cache import PagedKvCache
 from gpu.model import BlockDiffusionLM, BlockPlan
 from gpu.request_pool import ReqToTokenPool
@@ -52,11 +53,22 @@ class ModelRunner:
         self.record_digests = record_digests
         self.forwards: int = 0
         self.forward_seconds: float = 0.0  # host wall time in forwards (on CUDA: until the digest)
+        # on CUDA, the forwards' device time from timing events, when one is attached
+        # (`gpu.bench` does); see `device_forward_seconds`
+        self.device_timer: DeviceTimer | None = None
         self.attention_seconds: float = 0.0  # the part of it the model spent in attention
         self.attention_groups: int = 0  # per forward its distinct context lengths, summed
         self.last_digest: str | None = None
         self._last_plan: tuple[tuple[object, ...], BlockPlan] | None = None
         self.plans_built: int = 0  # plans read from the table (the others were the last one again)
+
+    @property
+    def device_forward_seconds(self) -> float:
+        """The forwards' time on the device: the attached `device_timer`'s (CUDA events;
+        reading it waits for the device), else the host wall time `forward_seconds` (on a CPU
+        device the same thing)."""
+        timer = self.device_timer
+        return timer.seconds if timer is not None else self.forward_seconds
 
     def plan(self, start_positions: list[int], rows: list[int], block_size: int) -> BlockPlan:
         """The batch layout for this round's forwards (host lists in, one read of the table):
@@ -87,10 +99,14 @@ class ModelRunner:
         start = time.perf_counter()
         attn_before = self.model.attention_seconds
         groups_before = self.model.attention_groups
+        timer = self.device_timer
+        mark = timer.start() if timer is not None else None
         with torch.no_grad():
             logits = self.model.forward_blocks(
                 block_tokens, start_positions, rows, self.kv, self.req_pool.req_to_token, plan
             )
+            if timer is not None and mark is not None:
+                timer.stop(mark)
             self.forwards += 1
             self.last_digest = logits_digest(logits) if self.record_digests else None
             logits[..., self.mask_id] = float("-inf")

@@ -110,7 +110,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "device-tests",
         (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/test_engine_units.py", "-k", "device"),
+         "tests/test_engine_units.py", "tests/test_device_timer.py", "-k", "device"),
         10,
     ),
     Step(
