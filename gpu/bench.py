@@ -59,7 +59,7 @@ import torch
 
 from gpu.algorithms import ALGORITHMS, make_algorithm
 from gpu.device_name import device_name
-from gpu.device_timer import DeviceTimer
+from gpu.device_timer import device_timer_for
 from gpu.engine import FORWARD_LOG_CAP, DllmEngine, resolve_device, wait_for_device
 from gpu.model import BlockDiffusionLM
 from gpu.parity import engine_config
@@ -126,8 +126,9 @@ class BenchRun:
     # per forward its distinct context lengths (one attention call per layer each), summed
     attention_groups: int = 0
     repeat: int = 0
-    # the forwards' device time (`ModelRunner.device_forward_seconds`): CUDA events on CUDA,
-    # `forward_seconds` on a CPU device; what the "forward" clock's ratios read
+    # the forwards' device time (`ModelRunner.device_forward_seconds`): their span on the
+    # stream from CUDA events on CUDA, `forward_seconds` on a CPU device; what the "forward"
+    # clock's ratios and the shares of the forward-time ratio read
     device_forward_seconds: float = 0.0
 
     @property
@@ -147,10 +148,11 @@ class BenchRun:
 
     def profile_ms(self) -> dict[str, float]:
         """Wall ms per forward: model (forward minus attention), attention, step, scheduler
-        (the rest of the rounds: admission, allocation, batching, events, commits), and the
-        forward's device time (on a CPU device, model + attention; on CUDA, from events,
-        while the four wall parts count the wait for the device in the step, whose read-back
-        of the done flags waits)."""
+        (the rest of the rounds: admission, allocation, batching, events, commits), their
+        total; and, not a part of that total, the forward's device time (on a CPU device,
+        model + attention; on CUDA its span on the stream from events, while the wall parts
+        count the wait for the device in the step, whose read-back of the done flags
+        waits)."""
         n = max(self.forwards, 1)
         return {
             "model": 1000 * (self.forward_seconds - self.attention_seconds) / n,
@@ -208,8 +210,8 @@ class Serving:
             forward_log_cap=forward_log_cap,
             rows_released_between_rounds=isinstance(mode, BenchMode) and mode.rows_released,
         )
-        if self.device.type == "cuda":  # the forwards' device time, not their launch time
-            engine.runner.device_timer = DeviceTimer()
+        # on CUDA the forwards' span on the device's stream, not the time to queue them
+        engine.runner.device_timer = device_timer_for(self.device)
         for req in self.requests:
             engine.submit(req)
         return engine
@@ -499,8 +501,9 @@ def _rate_ratio(rate: Callable[[BenchRun], float]) -> Callable[[BenchRun, BenchR
 
 
 def _forward_fraction(run: BenchRun) -> float:
-    """The share of the run's wall time spent in forwards (model and attention)."""
-    return run.forward_seconds / run.seconds
+    """The share of the run's wall time spent in forwards (model and attention): their device
+    time, as the "forward" clock's ratios read it (on a CPU device, their host wall time)."""
+    return run.device_forward_seconds / run.seconds
 
 
 def serving(
@@ -629,7 +632,8 @@ def _print(report: BenchReport) -> None:
             )
     print(
         "\nprofile, wall ms per forward (median run): model | attention | step | scheduler;"
-        " the forward's device time; attention calls per layer per forward"
+        " then the forward's device ms (on CUDA its span on the stream; not a part of the"
+        " total); attention calls per layer per forward"
     )
     for m in report.max_running_values():
         for mode in report.modes:
