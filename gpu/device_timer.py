@@ -43,12 +43,14 @@ MAX_PENDING = 4096
 class TimingEvent(Protocol):
     """What `DeviceTimer` uses of `torch.cuda.Event(enable_timing=True)`."""
 
-    def record(self, stream: Any = None) -> None: ...
+    def record(self, stream: Any = None) -> None:
+        """Queue the event on `stream` (None: the current device's current stream)."""
 
-    def synchronize(self) -> None: ...
+    def synchronize(self) -> None:
+        """Wait until the stream has reached the event."""
 
-    # milliseconds from this event to `end_event` (another event of the same kind)
-    def elapsed_time(self, end_event: Any) -> float: ...
+    def elapsed_time(self, end_event: Any) -> float:
+        """Milliseconds from this event to `end_event`, both reached."""
 
 
 def cuda_timing_event() -> TimingEvent:

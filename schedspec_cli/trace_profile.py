@@ -37,7 +37,7 @@ from spec.ar.config import ArConfig
 from spec.ar.events import ArEvent
 from spec.ar.profile import ArPolicy, ArProfile
 from spec.config import DllmConfig
-from spec.errors import ConfigError
+from spec.errors import CannotDrive, ConfigError
 from spec.events import Aborted, ControlReturned, Event, Submitted
 from spec.implementation import ArImplementation, DllmImplementation, Family
 from spec.profile import ConfigOutsideProfile, DllmProfile
@@ -173,6 +173,17 @@ def twin_runs(
 ) -> None:
     """Before any event is read: the twin must run the log's configuration (inside its own
     declared space, or the profile's `named` when it declares none; built without refusing)."""
+    if (
+        isinstance(twin, ArTwin)
+        and isinstance(config, ArConfig)
+        and (config.num_lookahead_tokens or config.num_drafting_slots)
+    ):
+        raise CannotDrive(
+            f"the log's scheduler reserves a drafter's lookahead slots (num_lookahead_tokens="
+            f"{config.num_lookahead_tokens}) or input rows (num_drafting_slots="
+            f"{config.num_drafting_slots}), and no AR twin replays speculative decoding: "
+            "check the log without --twin"
+        )
     if isinstance(twin, ArTwin) and isinstance(config, ArConfig) and twin.space is not None:
         bad = twin.space.outside(config)
         if bad is not None:  # as `verify --twin` refuses a twin not covering its configurations

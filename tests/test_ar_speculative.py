@@ -36,7 +36,7 @@ from spec.ar.events import (
 )
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, ar_event_to_dict
-from spec.errors import CannotDrive
+from spec.errors import CannotDrive, ConfigError
 from spec.trace import TraceFormatError
 from tests.test_ar_free_keeps_computed import log_of, verdict
 
@@ -370,3 +370,93 @@ def test_a_victim_readmitted_in_its_step_keeps_no_stale_drafts() -> None:
         ArScheduled("h", 1),
     ]
     assert verdict(events, config, policy) == ("", "")
+
+
+# --- a drafter's lookahead slots and input rows (EAGLE, a draft model)
+
+LOOKAHEAD = CFG.replace(num_lookahead_tokens=2)
+
+
+def test_lookahead_slots_are_blocks_past_the_step_within_max_model_len() -> None:
+    """With `num_lookahead_tokens` = 2 a scheduled request holds blocks for 2 tokens past
+    its step: a's step 1 (4 computed + 3) needs 9 tokens, a third block; without it the check
+    says `kv_covers_scheduled`, naming the lookahead."""
+    short = [*A_PREFILLED, ArScheduled("a", 3, drafts=2)]
+    assert verdict(short, CFG) == ("", "")
+    found, message = verdict(short, LOOKAHEAD)
+    assert found == "kv_covers_scheduled", message
+    assert "2 lookahead slot(s)" in message and "9 tokens" in message, message
+    ahead = [*A_PREFILLED, ArBlocksAllocated("a", (3,)), ArScheduled("a", 3, drafts=2)]
+    assert verdict([*ahead, ArStepEnd(1), ArDraftsVerified("a", 1)], LOOKAHEAD) == ("", "")
+
+
+def test_lookahead_slots_stop_at_max_model_len() -> None:
+    """vLLM caps the slots at `max_model_len`: a's 8 computed + 1 + 4 lookahead is 13 tokens,
+    capped at 12, which its three blocks hold; a fourth would exceed `kv_bounded`."""
+    config = ArConfig(
+        block_size=4, num_blocks=9, max_num_batched_tokens=16, max_num_seqs=2, max_model_len=12
+    ).replace(num_speculative_tokens=2, num_lookahead_tokens=4)
+    events: list[ArEvent] = [
+        ArSubmitted("a", 8, 4),
+        ArBlocksAllocated("a", (1, 2, 3)),
+        ArScheduled("a", 8),
+        ArStepEnd(0),
+        ArScheduled("a", 1),
+        ArStepEnd(1),
+    ]
+    assert verdict(events, config) == ("", "")
+    found, message = verdict(events, config.replace(max_model_len=13))
+    assert found == "kv_covers_scheduled" and "13 tokens" in message, message
+
+
+def test_drafting_rows_count_against_the_token_budget() -> None:
+    """With `num_drafting_slots` = 1 (a draft model's input row) a step's tokens plus one row
+    per scheduled request stay within `max_num_batched_tokens`: 8 + 7 tokens fit 16 alone,
+    not with their 2 rows."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 8, 2),
+        ArSubmitted("b", 7, 2),
+        ArBlocksAllocated("a", (1, 2)),
+        ArScheduled("a", 8),
+        ArBlocksAllocated("b", (3, 4)),
+        ArScheduled("b", 7),
+        ArStepEnd(0),
+    ]
+    assert verdict(events, CFG) == ("", "")
+    found, message = verdict(events, CFG.replace(num_drafting_slots=1))
+    assert found == "token_budget", message
+    assert "17 tokens and 1 drafting slot(s) per scheduled request" in message, message
+    fits = [*events[:4], ArBlocksAllocated("b", (3, 4)), ArScheduled("b", 6), ArStepEnd(0)]
+    assert verdict(fits, CFG.replace(num_drafting_slots=1)) == ("", "")
+
+
+def test_the_drafter_fields_in_the_header_and_their_bounds() -> None:
+    """Both are written only when not 0 (a log without a drafter reads and writes as
+    before); a negative value, or drafting rows that leave no room for a token, is refused."""
+    plain = ar_config_to_dict(CFG)
+    assert "num_lookahead_tokens" not in plain and "num_drafting_slots" not in plain
+    drafted = CFG.replace(num_lookahead_tokens=2, num_drafting_slots=1)
+    header = ar_config_to_dict(drafted)
+    assert header["num_lookahead_tokens"] == 2 and header["num_drafting_slots"] == 1
+    assert ar_config_from_dict(header)[0] == drafted
+    with pytest.raises(ConfigError, match="num_lookahead_tokens"):
+        CFG.replace(num_lookahead_tokens=-1)
+    with pytest.raises(ConfigError, match=r"num_drafting_slots=16.*below max_num_batched_tokens"):
+        CFG.replace(num_drafting_slots=16)
+
+
+def test_no_twin_replays_a_drafters_slots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log whose scheduler reserves lookahead slots differs from any twin's allocations
+    even where no draft was proposed: `--twin` is an input error, one line, before any
+    event is read."""
+    log = tmp_path / "lookahead.jsonl"
+    log.write_text("".join(log_of(A_PREFILLED, LOOKAHEAD.replace(num_speculative_tokens=0))))
+    assert main(["check-trace", str(log)]) == 0  # its 2 blocks hold its 4 tokens and 2 slots
+    capsys.readouterr()
+    assert main(["check-trace", str(log), "--twin", "vllm-v1"]) == 2
+    out, err = capsys.readouterr()
+    assert "OK" not in out, out
+    assert "no AR twin replays speculative decoding" in err and "lookahead" in err, err
+    assert len(err.strip().splitlines()) == 1, err

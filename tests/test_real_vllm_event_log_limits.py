@@ -39,6 +39,7 @@ from properties.ar.trace_check import check_ar_trace
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.test_real_vllm_event_log_lookahead import Overriding
 
 
 @pytest.fixture(autouse=True)
@@ -54,18 +55,45 @@ def as_multi_module_mtp(scheduler: Any) -> None:
     scheduler.num_prefill_lookahead = 2
 
 
+def with_speculative(**overrides: Any) -> Callable[[Any], None]:
+    """A `prepare` that gives the scheduler's speculative config `overrides`, as a drafter
+    no adapter drives here would have them."""
+
+    def prepare(scheduler: Any) -> None:
+        config = scheduler.vllm_config
+        speculative = Overriding(config.speculative_config, **overrides)
+        scheduler.vllm_config = Overriding(config, speculative_config=speculative)
+
+    return prepare
+
+
+def with_a_smaller_token_budget(scheduler: Any) -> None:
+    """`max_num_scheduled_tokens` set below `max_num_batched_tokens` (vLLM's two budgets)."""
+    scheduler.max_num_scheduled_tokens -= 1
+
+
+EAGLE = {"speculative_tokens": 2, "speculative_method": "eagle"}
+DRAFT_MODEL = {"speculative_tokens": 2, "speculative_method": "draft_model"}
+
+
 @pytest.mark.parametrize(
     ("options", "field", "prepare"),
     [
         ({"sliding_window": 4}, "kv_cache_groups", None),
         ({"kv_connector": "recompute"}, "kv_connector", None),
-        (
-            {"speculative_tokens": 2, "speculative_method": "eagle"},
-            "num_prefill_lookahead",
-            as_multi_module_mtp,
-        ),
+        (EAGLE, "num_prefill_lookahead", as_multi_module_mtp),
+        (EAGLE, "speculative_method", with_speculative(method="dflash")),
+        (EAGLE, "parallel_drafting", with_speculative(parallel_drafting=True)),
+        (DRAFT_MODEL, "max_num_scheduled_tokens", with_a_smaller_token_budget),
     ],
-    ids=["sliding-window", "kv-connector", "multi-module-mtp"],
+    ids=[
+        "sliding-window",
+        "kv-connector",
+        "multi-module-mtp",
+        "undriven-method",
+        "parallel-drafting",
+        "two-budgets",
+    ],
 )
 def test_the_log_refuses_a_scheduler_it_cannot_describe(
     options: dict[str, Any], field: str, prepare: Callable[[Any], None] | None

@@ -630,8 +630,14 @@ class RealVllmScheduler:
         if self.reasoning:
             structured.install_reasoner(sched, importlib.import_module("vllm.reasoning"))
         self.max_concurrent_batches = int(vllm_config.max_concurrent_batches)
+        # as vLLM's engine core builds it: with an EAGLE drafter and prefix caching a block's
+        # hash also covers the token after it (`num_hash_lookahead_tokens`, 0 otherwise)
         self.hasher = (
-            v.kv_utils.get_request_block_hasher(config.block_size, v.hashing.sha256)
+            v.kv_utils.get_request_block_hasher(
+                config.block_size,
+                v.hashing.sha256,
+                int(getattr(vllm_config, "num_hash_lookahead_tokens", 0)),
+            )
             if config.enable_prefix_caching
             or self.kv_connector is not None
             or self.offloading is not None

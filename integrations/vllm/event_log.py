@@ -46,8 +46,11 @@ window or Mamba group frees and recycles blocks of running requests, which one b
 cannot show), one with a KV connector (it loads KV into waiting requests and frees finished
 ones' blocks late), or one with a multi-module MTP drafter (it shortens prefill chunks near the
 prefill end): `loggable` says which. Drafts by ngram, EAGLE or a draft model are logged; the
-last two reserve KV slots past the step's tokens (`num_lookahead_tokens`), which the spec's
-block rules allow up to `max_model_len`.
+header declares the KV slots the last two reserve past the step's tokens
+(`num_lookahead_tokens`, which the blocks must cover up to `max_model_len`) and a draft
+model's input row per request (`num_drafting_slots`, charged against the token budget).
+Refused there: another method, parallel drafting, a token budget set apart from the input
+budget, and EAGLE's prefix-cache hashing beside 0.34.0's cache-aware window.
 
 A request vLLM ends inside `update_from_output` (a grammar that failed to compile, an encoder
 cache mismatch: vLLM calls `finish_requests` from there with `FINISHED_ERROR`) is logged once,
@@ -101,6 +104,19 @@ from spec.ar.reconstruct import ArPoolView, release_events, scheduling_events
 from spec.ar.trace import ar_config_to_dict, ar_event_to_dict
 from spec.errors import ConfigError
 
+#: The speculative methods whose schedules the log describes: those the engine-core loop drives
+#: (`integrations.vllm.adapter.SPECULATIVE_METHODS`), and EAGLE-3, not driven here, which takes
+#: the scheduler's EAGLE paths (`use_eagle()`) with the same lookahead and no drafting rows.
+LOGGED_SPECULATIVE_METHODS = ("ngram", "eagle", "eagle3", "draft_model")
+
+
+def drafting_slots(scheduler: Any) -> int:
+    """The input rows vLLM's drafter adds per scheduled request (its speculative config's
+    `max_num_new_slots_for_drafting`: 1 for a draft model, 0 for ngram and EAGLE), charged
+    against `max_num_batched_tokens` beside the scheduled tokens; 0 without drafts."""
+    spec = scheduler.vllm_config.speculative_config
+    return 0 if spec is None else int(spec.max_num_new_slots_for_drafting)
+
 
 def ar_config_of(scheduler: Any) -> ArConfig:
     """A vLLM scheduler's effective settings as an `ArConfig` (ConfigError when the AR spec
@@ -121,6 +137,8 @@ def ar_config_of(scheduler: Any) -> ArConfig:
             policy=Policy(str(sc.policy)),
             enable_prefix_caching=bool(scheduler.cache_config.enable_prefix_caching),
             num_speculative_tokens=int(getattr(scheduler, "num_spec_tokens", 0) or 0),
+            num_lookahead_tokens=int(getattr(scheduler, "num_lookahead_tokens", 0) or 0),
+            num_drafting_slots=drafting_slots(scheduler),
         )
     except (ConfigError, ValueError) as err:
         raise ConfigError(
@@ -168,10 +186,12 @@ def loggable(scheduler: Any, v: Any) -> None:
     """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
     cannot describe: asynchronous scheduling, more than one batch in flight (pipeline stages),
     a KV cache other than one full-attention group,
-    a KV connector, a multi-module MTP drafter (prefill lookahead past one token) or other
-    than one sampled token per step (`v`: `load_vllm()`'s modules). Speculative decoding by
-    ngram, EAGLE or a draft model is logged: the lookahead slots the last two reserve are
-    blocks past the step's tokens, which the spec allows within `max_model_len`."""
+    a KV connector, a multi-module MTP drafter (prefill lookahead past one token), a drafter
+    `_loggable_drafter` refuses, or other than one sampled token per step (`v`: `load_vllm()`'s
+    modules). Speculative decoding by ngram, EAGLE or a draft model is logged, the header
+    declaring the drafts (`num_speculative_tokens`), the lookahead slots EAGLE and a draft
+    model reserve past the step's tokens (`num_lookahead_tokens`) and a draft model's input
+    row per request (`num_drafting_slots`)."""
     if bool(scheduler.scheduler_config.async_scheduling):
         raise ConfigError(
             "async_scheduling",
@@ -217,6 +237,9 @@ def loggable(scheduler: Any, v: Any) -> None:
             "chunk within its lookahead of the prefill end and passes over a request it "
             "cannot so schedule, which no AR event log here has been checked to describe",
         )
+    spec = scheduler.vllm_config.speculative_config
+    if spec is not None:
+        _loggable_drafter(scheduler, spec)
     sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1))
     if sampled != 1:
         raise ConfigError(
@@ -224,6 +247,49 @@ def loggable(scheduler: Any, v: Any) -> None:
             sampled,
             "1: the AR events count one sampled token per step and request, then the drafts "
             "accepted",
+        )
+
+
+def _loggable_drafter(scheduler: Any, spec: Any) -> None:
+    """`ConfigError` for a drafter whose schedules no log here has been checked against: a
+    method not driven (`LOGGED_SPECULATIVE_METHODS`), parallel drafting (P-EAGLE, PARD), a
+    drafting-row budget the header cannot state, or an EAGLE drafter's prefix-cache hashing
+    beside vLLM 0.34.0's cache-aware window."""
+    method = str(spec.method)
+    if method not in LOGGED_SPECULATIVE_METHODS:
+        raise ConfigError(
+            "speculative_method",
+            method,
+            f"one of {', '.join(LOGGED_SPECULATIVE_METHODS)}: the log has not been checked "
+            "against another drafter's schedules (DFlash and DSpark reserve k + 1 lookahead "
+            "slots and may lower the seat cap, MTP shortens prefill chunks)",
+        )
+    if getattr(spec, "parallel_drafting", False):
+        raise ConfigError(
+            "parallel_drafting",
+            True,
+            "False: a parallel drafter (P-EAGLE, PARD) adds k - 1 or k input rows per request, "
+            "which no log here has been checked with",
+        )
+    token_budget = int(scheduler.max_num_scheduled_tokens)
+    input_budget = int(scheduler.scheduler_config.max_num_batched_tokens)
+    if drafting_slots(scheduler) and token_budget != input_budget:
+        raise ConfigError(
+            "max_num_scheduled_tokens",
+            token_budget,
+            f"max_num_batched_tokens={input_budget} (unset): with a drafter's input rows vLLM "
+            "keeps two budgets, and the log's header states one",
+        )
+    window = int(getattr(scheduler, "cache_aware_window", 0))
+    hashed_ahead = int(getattr(scheduler, "num_hash_lookahead_tokens", 0))
+    drops = bool(getattr(scheduler, "use_eagle_block_drop", False))
+    if window and (hashed_ahead or drops):
+        raise ConfigError(
+            "cache_aware_admission_window",
+            window,
+            "0 beside an EAGLE drafter with prefix caching: vLLM then ranks a waiting "
+            "request's hit by block hashes that also cover the token after each block (or "
+            "drops its last block), which the spec's cache-aware order does not model",
         )
 
 

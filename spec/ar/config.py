@@ -96,6 +96,14 @@ class ArConfig:
             `num_speculative_tokens`; 0 = none). A decode step then schedules the request's
             last token and up to this many drafts after it (`ArScheduled.drafts`); the
             drafts the model rejects are rolled back (`ArDraftsVerified`).
+        num_lookahead_tokens: KV slots a scheduled request holds past the tokens its step
+            computes, for a drafter's own KV (vLLM's `num_lookahead_tokens`: k for EAGLE and a
+            draft model, 0 for ngram and without drafts), within `max_model_len`: its blocks
+            cover min(computed + scheduled + this, max_model_len) tokens (`kv_covers_scheduled`).
+        num_drafting_slots: input rows the drafter adds to the batch per scheduled request
+            (vLLM's `max_num_new_slots_for_drafting`: 1 for a draft model, 0 for ngram and
+            EAGLE): a step's tokens plus this many per scheduled request stay within
+            `max_num_batched_tokens` (`token_budget`).
     """
 
     block_size: int = 4
@@ -114,6 +122,8 @@ class ArConfig:
     num_replicas: int = 1
     enable_prefix_caching: bool = False
     num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
+    num_drafting_slots: int = 0
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size, 1, MAX_SMALL)
@@ -133,6 +143,15 @@ class ArConfig:
         _positive("num_replicas", self.num_replicas, 1, 1024)
         _flag("enable_prefix_caching", self.enable_prefix_caching)
         _positive("num_speculative_tokens", self.num_speculative_tokens, 0, MAX_SMALL)
+        _positive("num_lookahead_tokens", self.num_lookahead_tokens, 0, MAX_SMALL)
+        _positive("num_drafting_slots", self.num_drafting_slots, 0, MAX_SMALL)
+        if self.num_drafting_slots >= self.max_num_batched_tokens:
+            raise ConfigError(
+                "num_drafting_slots",
+                self.num_drafting_slots,
+                f"below max_num_batched_tokens={self.max_num_batched_tokens}, so a scheduled "
+                "request has room for a token beside its drafting slots",
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 "max_num_batched_tokens",

@@ -816,11 +816,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"uncomputed ({r.known} known, {r.num_computed} computed)",
                 e,
             )
-        used = sum(st.scheduled.values())
-        if rules.token_budget and used + n > cfg.max_num_batched_tokens:
+        slots = cfg.num_drafting_slots  # the drafter's input rows per scheduled request
+        used = sum(st.scheduled.values()) + slots * len(st.scheduled)
+        if rules.token_budget and used + n + slots > cfg.max_num_batched_tokens:
+            rows = f" and {slots} drafting slot(s) per scheduled request" if slots else ""
             raise self._fail(
                 ArRule.TOKEN_BUDGET,
-                f"step {st.index} would schedule {used + n} tokens; "
+                f"step {st.index} would schedule {used + n + slots} tokens{rows}; "
                 f"max_num_batched_tokens={cfg.max_num_batched_tokens}",
                 e,
             )
@@ -854,10 +856,18 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 e,
             )
         have = len(r.blocks) * cfg.block_size
-        if have < r.num_computed + n:
+        # and the drafter's lookahead slots past them, which vLLM caps at max_model_len
+        need = min(r.num_computed + n + cfg.num_lookahead_tokens, cfg.max_model_len)
+        if have < max(need, r.num_computed + n):
+            ahead = (
+                f" and {cfg.num_lookahead_tokens} lookahead slot(s) (within max_model_len="
+                f"{cfg.max_model_len}: {need} tokens)"
+                if cfg.num_lookahead_tokens
+                else ""
+            )
             raise self._fail(
                 ArRule.KV_COVERS_SCHEDULED,
-                f"{r.request_id!r} computes {r.num_computed} + {n} tokens but holds "
+                f"{r.request_id!r} computes {r.num_computed} + {n} tokens{ahead} but holds "
                 f"{len(r.blocks)} blocks ({have} tokens)",
                 e,
             )

@@ -77,7 +77,8 @@ _AR_RULES: dict[ArRule, str] = {
     "aborted.",
     ArRule.LIFECYCLE: "Every phase change follows the AR request and block lifecycle tables.",
     # --- one step
-    ArRule.TOKEN_BUDGET: "The tokens scheduled in one step sum to at most max_num_batched_tokens.",
+    ArRule.TOKEN_BUDGET: "The tokens scheduled in one step sum to at most max_num_batched_tokens, "
+    "with a drafter's input rows (num_drafting_slots per scheduled request) counted beside them.",
     ArRule.SEAT_CAP: "At most max_num_seqs requests are running at once.",
     ArRule.ONE_SCHEDULE_PER_STEP: "A request is scheduled at most once per step, for >= 1 token.",
     ArRule.NO_COMPUTE_PAST_KNOWN: "A request is never scheduled more tokens than it has known and "
@@ -128,7 +129,9 @@ _AR_RULES: dict[ArRule, str] = {
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
-    "the tokens it computes this step (blocks * block_size >= computed + scheduled). In the "
+    "the tokens it computes this step (blocks * block_size >= computed + scheduled), and with a "
+    "drafter's lookahead slots (num_lookahead_tokens = L) for L tokens more, within "
+    "max_model_len (>= min(computed + scheduled + L, max_model_len)). In the "
     "step's schedule phase it frees none of those blocks unless it frees all it holds, leaving "
     "the batch: what its scheduling cached is then uncached (no forward writes it).",
     ArRule.KV_COVERS_COMPUTED: "Between steps every running request holds KV blocks for every "

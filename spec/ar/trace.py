@@ -223,9 +223,14 @@ def _typed_kwargs(cls: type[Any], data: dict[str, Any], where: str, line_no: int
 
 
 #: `ArConfig` fields a header may leave out, with the value that means: each describes every
-#: log written before it existed exactly (no log had drafts before `num_speculative_tokens`),
+#: log written before it existed exactly (no log had drafts before `num_speculative_tokens`,
+#: nor a drafter's lookahead slots or drafting rows before the two fields that declare them),
 #: and `ar_config_to_dict` writes it only when it differs. Every other field is required.
-OPTIONAL_AR_CONFIG_FIELDS: dict[str, object] = {"num_speculative_tokens": 0}
+OPTIONAL_AR_CONFIG_FIELDS: dict[str, object] = {
+    "num_speculative_tokens": 0,
+    "num_lookahead_tokens": 0,
+    "num_drafting_slots": 0,
+}
 
 
 def missing_ar_config_fields(data: dict[str, Any]) -> list[str]:
