@@ -195,8 +195,9 @@ def test_an_ar_header_gives_every_field_too(
     assert (code, out) == (2, "")
     assert err == (
         f"schedspec: error: {log}:1: the header lacks fields ['num_blocks'] (every ArConfig "
-        "field but num_speculative_tokens is required, none is filled in with a default): add "
-        "them to the header, or pass --config with them\n"
+        "field but num_drafting_slots, num_lookahead_tokens, num_speculative_tokens is "
+        "required, none is filled in with a default): add them to the header, or pass --config "
+        "with them\n"
     )
     blocks = _config(tmp_path, {"num_blocks": json.loads(full[0])["num_blocks"]})
     code, out, _ = _cli(capsys, str(log), "--config", blocks)

@@ -195,29 +195,60 @@ def test_eagle_hashes_blocks_with_the_token_after_them() -> None:
 @pytest.mark.parametrize("method", ["eagle", "draft_model"])
 def test_beside_the_cache_aware_window_too(method: str) -> None:
     """vLLM 0.34.0's cache-aware window ranks waiting requests by their hits. A draft model
-    hashes blocks as without drafts: its logs declare the window and keep the spec's order
-    (shared prompts: hits among the waiting). EAGLE's hashes also cover the token after each
-    block (or, with them off, its hits drop their last block), which the spec's order does
-    not model: the log refuses that scheduler, naming the window (a review found
-    `fcfs_admission` reported on shared-prompt seeds 18 and 62 otherwise). On 0.33.0, which
-    has no window, the loop refuses it, naming the release."""
+    hashes blocks as without drafts. EAGLE's hashes also cover the token after each block,
+    which the header declares (`hash_lookahead_tokens`), and the spec's order then ranks by
+    such keys: both drafters' logs declare the window and keep the spec's order (shared
+    prompts: hits among the waiting; a review found `fcfs_admission` reported on
+    shared-prompt seeds 18 and 62 before the spec modelled the keys). On 0.33.0, which has
+    no window, the loop refuses it, naming the release."""
     if not has_the_setting():
         with pytest.raises(ConfigError, match=r"new in vLLM 0\.34\.0"):
             lookahead_log(0, method, window=3)
         return
-    if method == "eagle":
-        with pytest.raises(ConfigError) as caught:
-            lookahead_log(SHARED_SEEDS[0], method, window=3, programs=shared_prompt_program)
-        assert caught.value.field == "cache_aware_admission_window", str(caught.value)
-        return
     hits = 0
-    for seed in SHARED_SEEDS:
+    for seed in (*SHARED_SEEDS, 62):
         lines = lookahead_log(seed, method, window=3, programs=shared_prompt_program)
-        assert json.loads(lines[0])["declared_policy"]["cache_aware_window"] == 3, seed
+        header = json.loads(lines[0])
+        assert header["declared_policy"]["cache_aware_window"] == 3, seed
+        ahead = header["declared_policy"].get("hash_lookahead_tokens", 0)
+        assert ahead == (1 if method == "eagle" else 0), seed
         result = check_ar_trace(lines)
         assert result.ok, f"seed {seed}: {result.violation}"
         hits += sum(json.loads(line)["kind"] == "ar_cache_hit" for line in lines[1:])
     assert hits >= 10, hits
+
+
+def test_requests_hashed_without_the_lookahead_token_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seeded bug, the loop's own until 2026-12-07: the requests' block hasher built
+    without the lookahead token while the scheduler declares it. vLLM then takes hits on
+    blocks whose next token differs (its drafter's KV there is wrong), and the check says
+    `cache_hit_cached` (or, where the window ranks them, the order)."""
+    v = load_vllm()
+    real = v.kv_utils.get_request_block_hasher
+
+    def without_lookahead(block_size: int, hash_fn: Any, _ahead: int = 0) -> Any:
+        return real(block_size, hash_fn, 0)
+
+    monkeypatch.setattr(v.kv_utils, "get_request_block_hasher", without_lookahead)
+    caught: Counter[str] = Counter()
+    for seed in range(24):
+        lines: list[str] = []
+        try:
+            lookahead_log(seed, "eagle", programs=shared_prompt_program, into=lines)
+        except ConfigError:
+            continue  # a pool or budget too small for the lookahead
+        except EngineCoreViolation:
+            caught["loop stopped"] += 1
+        result = check_ar_trace(lines)
+        if not result.ok:
+            assert result.violation is not None
+            assert result.violation.rule in {"cache_hit_cached", "fcfs_admission"}, str(
+                result.violation
+            )
+            caught[str(result.violation.rule)] += 1
+    assert caught["cache_hit_cached"] >= 2, caught
 
 
 def test_without_lookahead_no_block_lies_past_the_step() -> None:

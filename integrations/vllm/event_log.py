@@ -171,6 +171,10 @@ def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
         policy = dataclasses.replace(policy, prefill_interval=interval)
     if not bool(scheduler_config.scheduler_reserve_full_isl):
         policy = dataclasses.replace(policy, full_sequence_admission=False)
+    # an EAGLE drafter with prefix caching: block hashes cover the token after each block
+    ahead = int(getattr(scheduler, "num_hash_lookahead_tokens", 0) or 0)
+    if ahead and config.enable_prefix_caching:
+        policy = dataclasses.replace(policy, hash_lookahead_tokens=ahead)
     # vLLM 0.34.0: the window the scheduler applies (0 unless FCFS with prefix caching)
     window = int(getattr(scheduler, "cache_aware_window", 0))
     if window:
@@ -253,8 +257,8 @@ def loggable(scheduler: Any, v: Any) -> None:
 def _loggable_drafter(scheduler: Any, spec: Any) -> None:
     """`ConfigError` for a drafter whose schedules no log here has been checked against: a
     method not driven (`LOGGED_SPECULATIVE_METHODS`), parallel drafting (P-EAGLE, PARD), a
-    drafting-row budget the header cannot state, or an EAGLE drafter's prefix-cache hashing
-    beside vLLM 0.34.0's cache-aware window."""
+    drafting-row budget the header cannot state, or an EAGLE drafter whose hits drop their
+    last block beside vLLM 0.34.0's cache-aware window."""
     method = str(spec.method)
     if method not in LOGGED_SPECULATIVE_METHODS:
         raise ConfigError(
@@ -281,15 +285,13 @@ def _loggable_drafter(scheduler: Any, spec: Any) -> None:
             "keeps two budgets, and the log's header states one",
         )
     window = int(getattr(scheduler, "cache_aware_window", 0))
-    hashed_ahead = int(getattr(scheduler, "num_hash_lookahead_tokens", 0))
-    drops = bool(getattr(scheduler, "use_eagle_block_drop", False))
-    if window and (hashed_ahead or drops):
+    if window and bool(getattr(scheduler, "use_eagle_block_drop", False)):
         raise ConfigError(
             "cache_aware_admission_window",
             window,
-            "0 beside an EAGLE drafter with prefix caching: vLLM then ranks a waiting "
-            "request's hit by block hashes that also cover the token after each block (or "
-            "drops its last block), which the spec's cache-aware order does not model",
+            "0 beside an EAGLE drafter whose hits drop their last block "
+            "(disable_lookahead_block_hashes): vLLM then ranks a waiting request's hit a "
+            "block short, which the spec's cache-aware order does not model",
         )
 
 

@@ -197,6 +197,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._holders: dict[int, set[str]] = {}  # referenced blocks -> holders
         self._cache: dict[int, int] = {}  # cached blocks -> content key
         self._key_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
+        # (prefix key, the tokens after it) -> key, under `ArPolicy.hash_lookahead_tokens`
+        self._ahead_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
         # blocks uncached because their content was never computed -> why (for the messages)
         self._unwritten: dict[int, str] = {}
         self._step = _Step()
@@ -425,7 +427,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
         def cached_tokens(rid: str) -> int:
             r = self._requests[rid]
-            most = r.readable // self.config.block_size
+            most = r.readable // self.config.block_size  # past `_hashable` no key matches
             k = 0
             while k < most and self._key(r, k) in cached_keys:
                 k += 1
@@ -542,8 +544,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             return r.prompt[i] if r.prompt is not None else (r.request_id, i)
         return (r.request_id, "o", i)
 
-    def _key(self, r: _Req, k: int) -> int:
-        """The content key of the request's block k: its tokens [0, (k + 1) * block_size)."""
+    def _prefix_key(self, r: _Req, k: int) -> int:
+        """The content key of the request's tokens [0, (k + 1) * block_size)."""
         bs = self.config.block_size
         while len(r.keys) <= k:
             j = len(r.keys)
@@ -552,9 +554,27 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             r.keys.append(self._key_ids.setdefault((prev, toks), len(self._key_ids)))
         return r.keys[k]
 
+    def _key(self, r: _Req, k: int) -> int:
+        """The cache key of the request's block k: its tokens [0, (k + 1) * block_size), and
+        with `ArPolicy.hash_lookahead_tokens` = L the L tokens after them too (the caller
+        makes sure they are known: `_hashable`)."""
+        prefix = self._prefix_key(r, k)
+        ahead = self.policy.hash_lookahead_tokens
+        if not ahead:
+            return prefix
+        start = (k + 1) * self.config.block_size
+        toks = tuple(self._token(r, i) for i in range(start, start + ahead))
+        # negative: never equal to a prefix key, which counts up from 0
+        return self._ahead_ids.setdefault((prefix, toks), -1 - len(self._ahead_ids))
+
+    def _hashable(self, r: _Req) -> int:
+        """How many leading blocks of `r` have a cache key now: every full block of its known
+        tokens, less `hash_lookahead_tokens` (the tokens after a block must be known)."""
+        return max(0, r.known - self.policy.hash_lookahead_tokens) // self.config.block_size
+
     def _register_cached(self, r: _Req, upto_tokens: int) -> None:
         """Full blocks of `r` within its first `upto_tokens` tokens become cached."""
-        full = min(upto_tokens, r.known) // self.config.block_size
+        full = min(min(upto_tokens, r.known) // self.config.block_size, self._hashable(r))
         for k in range(r.cached_upto, min(full, len(r.blocks))):
             self._cache[r.blocks[k]] = self._key(r, k)
             self._unwritten.pop(r.blocks[k], None)
@@ -700,6 +720,15 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 ),
                 e,
             )
+        ahead = self.policy.hash_lookahead_tokens
+        if len(e.blocks) > self._hashable(r):
+            raise self._fail(
+                ArRule.CACHE_HIT_BOUNDED,
+                f"{r.request_id!r} hits {len(e.blocks)} blocks of its {r.known} known tokens, "
+                f"but a block's key also covers the {ahead} token(s) after it "
+                f"(hash_lookahead_tokens={ahead}): at most {self._hashable(r)} blocks",
+                e,
+            )
         for k, b in enumerate(e.blocks):
             key = self._cache.get(b)
             if key is None:
@@ -714,7 +743,12 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 raise self._fail(
                     ArRule.CACHE_HIT_CACHED,
                     f"{r.request_id!r} claims block {b} as its prefix block {k}, but block {b} "
-                    f"caches other content",
+                    "caches other content"
+                    + (
+                        f" (or other tokens after it: hash_lookahead_tokens={ahead})"
+                        if ahead
+                        else ""
+                    ),
                     e,
                 )
         for b in e.blocks:
@@ -1288,6 +1322,11 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             if r.num_computed - drafts == r.known:
                 r.num_output += 1  # caught up: the model samples the next token
                 r.output_step = st.index
+                if self.policy.hash_lookahead_tokens and cfg.enable_prefix_caching and not drafts:
+                    # the sampled token may complete a block's key: vLLM publishes the blocks
+                    # of its computed tokens as it takes the output (a drafted request's at
+                    # its verification)
+                    self._register_cached(r, r.num_computed)
             if drafts:
                 r.drafts = drafts
                 self._unverified.add(rid)

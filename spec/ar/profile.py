@@ -247,6 +247,13 @@ class ArPolicy:
         prefix caching, as vLLM ignores it.
     cache_aware_threshold: the pool usage below which `cache_aware_window` reorders nothing
         (vLLM 0.34's `cache_aware_admission_threshold`, 0.5 by default; 0.0: every step).
+    hash_lookahead_tokens: with prefix caching, a block's cache key also covers the L tokens
+        after it (vLLM's `num_hash_lookahead_tokens`: 1 with an EAGLE drafter, whose KV at a
+        block's last position depends on the next token; 0: the block's own prefix). A block
+        is cached only once the L tokens after it are known, a hit takes a block only where
+        the request's own L tokens after it match too, and so only blocks within its known
+        tokens less L; the cache-aware order ranks hits so. Rules `cache_hit_cached`,
+        `cache_hit_bounded`, `fcfs_admission`.
     """
 
     rules: ArRules | None = None
@@ -261,6 +268,7 @@ class ArPolicy:
     admit_after_preemption: bool | None = None
     cache_aware_window: int = 0
     cache_aware_threshold: float = 0.5
+    hash_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.rules is not None and not isinstance(self.rules, ArRules):
@@ -298,6 +306,11 @@ class ArPolicy:
         t = self.cache_aware_threshold
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 <= t <= 1.0:
             raise ProfileError("policy.cache_aware_threshold", t, "a number in [0, 1]")
+        n = self.hash_lookahead_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ProfileError(
+                "policy.hash_lookahead_tokens", n, "an integer >= 0 (0: a block's own prefix)"
+            )
 
     def rules_for(self, config: ArConfig) -> ArRules:
         """The effective ordering rules under `config`: `rules` (or the policy's defaults) with

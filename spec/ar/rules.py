@@ -150,11 +150,14 @@ _AR_RULES: dict[ArRule, str] = {
     # --- prefix caching
     ArRule.CACHE_HIT_ENABLED: "Cache hits happen only with prefix caching on.",
     ArRule.CACHE_HIT_CACHED: "A cache hit takes cached blocks whose content is the request's own "
-    "prefix, block i holding its tokens up to (i + 1) * block_size: it never claims a block "
+    "prefix, block i holding its tokens up to (i + 1) * block_size (where the engine declares "
+    "hash_lookahead_tokens = L, and its L tokens after them: such a block is cached once they "
+    "are known): it never claims a block "
     "that is not cached, or that caches other content. What a request's scheduling cached is "
     "uncached if it is preempted in that same step: its forward never writes it.",
     ArRule.CACHE_HIT_BOUNDED: "A cache hit covers at most the request's known tokens less one (the "
-    "last token is always computed, to sample from), and at most its cache_read_limit (0: it "
+    "last token is always computed, to sample from), whole blocks within its known tokens less "
+    "L under hash_lookahead_tokens = L, and at most its cache_read_limit (0: it "
     "skips reading the cache; s: its prompt is scored from row s on).",
     ArRule.EVICT_UNREFERENCED_ONLY: "Only cached blocks that no request references are evicted.",
     ArRule.REFCOUNT_MATCHES: "Between steps the implementation's reference count of every block "
