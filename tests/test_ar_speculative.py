@@ -390,6 +390,32 @@ def test_lookahead_slots_are_blocks_past_the_step_within_max_model_len() -> None
     assert verdict([*ahead, ArStepEnd(1), ArDraftsVerified("a", 1)], LOOKAHEAD) == ("", "")
 
 
+def test_a_step_allocates_no_more_than_the_lookahead_slots() -> None:
+    """With lookahead slots a step that allocates to a request gives it blocks up to its
+    tokens and slots and no further: a's step 0 (4 tokens and 2 slots) needs 2 blocks; a
+    third allocated then is `kv_bounded`. Blocks a request keeps from rejected drafts are
+    not the step's allocation and may exceed it."""
+    over: list[ArEvent] = [
+        ArSubmitted("a", 4, 6),
+        ArBlocksAllocated("a", (1, 2, 3)),
+        ArScheduled("a", 4),
+    ]
+    assert verdict(over, CFG) == ("", "")
+    found, message = verdict(over, LOOKAHEAD)
+    assert found == "kv_bounded", message
+    assert "up to 3 for 0 computed + 4 scheduled tokens and 2 lookahead slot(s)" in message
+    kept = [
+        *A_PREFILLED,
+        ArBlocksAllocated("a", (3,)),
+        ArScheduled("a", 3, drafts=2),
+        ArStepEnd(1),
+        ArDraftsVerified("a", 0),  # 5 computed in 3 blocks, more than 5 + 1 + 2 need
+        ArScheduled("a", 1),
+        ArStepEnd(2),
+    ]
+    assert verdict(kept, LOOKAHEAD) == ("", "")
+
+
 def test_lookahead_slots_stop_at_max_model_len() -> None:
     """vLLM caps the slots at `max_model_len`: a's 8 computed + 1 + 4 lookahead is 13 tokens,
     capped at 12, which its three blocks hold; a fourth would exceed `kv_bounded`."""

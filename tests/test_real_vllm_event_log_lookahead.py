@@ -4,9 +4,9 @@ vLLM's `allocate_slots` gives a request with EAGLE or a draft model `num_lookahe
 KV slots past the tokens the step computes, capped at `max_model_len`, for the drafter's own
 KV. In the log they are blocks past the step's tokens, which the spec's block rules allow
 (`kv_covers_scheduled` bounds a request's blocks from below, `kv_bounded` by `max_model_len`).
-With prefix caching vLLM 0.33.0 and 0.34.0 hash each block with the token after it
-(`num_hash_lookahead_tokens` = 1), so they cache a block one token later than the spec may
-assume: fewer hits than the spec allows, never more.
+With prefix caching and EAGLE, vLLM 0.33.0 and 0.34.0 hash each block with the token after it
+(`num_hash_lookahead_tokens` = 1), which the log declares as `ArPolicy.hash_lookahead_tokens`:
+the spec's cache keys then cover that token too (`tests/test_ar_hash_lookahead.py`).
 
 Until 2026-12-07 the log refused these drafters; a multi-module MTP drafter (a prefill
 lookahead past one token: it shortens prefill chunks) is still refused
@@ -289,6 +289,19 @@ def no_lookahead(scheduler: Any) -> None:
     manager.allocate_slots = without_lookahead
 
 
+def doubled_lookahead(scheduler: Any) -> None:
+    """A seeded bug: `scheduler`'s `allocate_slots` reserves twice the lookahead slots (within
+    `max_model_len`), holding blocks no forward writes."""
+    manager = scheduler.kv_cache_manager
+    allocate = manager.allocate_slots
+
+    def doubled(*args: Any, **kwargs: Any) -> Any:
+        ahead = kwargs.get("num_lookahead_tokens", 0)
+        return allocate(*args, **{**kwargs, "num_lookahead_tokens": 2 * ahead})
+
+    manager.allocate_slots = doubled
+
+
 class Overriding:
     """`inner` with some attributes read as `overrides` say."""
 
@@ -316,9 +329,16 @@ def uncharged_drafting_rows(scheduler: Any) -> None:
         (uncap_lookahead, "eagle", "kv_bounded"),
         (no_lookahead, "eagle", "kv_covers_scheduled"),
         (no_lookahead, "draft_model", "kv_covers_scheduled"),
+        (doubled_lookahead, "eagle", "kv_bounded"),
         (uncharged_drafting_rows, "draft_model", "token_budget"),
     ],
-    ids=["lookahead-past-max-model-len", "no-lookahead", "no-lookahead-draft", "rows-uncharged"],
+    ids=[
+        "lookahead-past-max-model-len",
+        "no-lookahead",
+        "no-lookahead-draft",
+        "lookahead-doubled",
+        "rows-uncharged",
+    ],
 )
 def test_a_seeded_drafter_bug_is_caught(bug: Callable[[Any], None], method: str, rule: str) -> None:
     """Under each seeded bug the log shows what vLLM did, and the check names the rule it

@@ -49,8 +49,10 @@ prefill end): `loggable` says which. Drafts by ngram, EAGLE or a draft model are
 header declares the KV slots the last two reserve past the step's tokens
 (`num_lookahead_tokens`, which the blocks must cover up to `max_model_len`) and a draft
 model's input row per request (`num_drafting_slots`, charged against the token budget).
-Refused there: another method, parallel drafting, a token budget set apart from the input
-budget, and EAGLE's prefix-cache hashing beside 0.34.0's cache-aware window.
+With EAGLE and prefix caching it declares vLLM's lookahead block hashes
+(`ArPolicy.hash_lookahead_tokens`). Refused there: another method, parallel drafting, a token
+budget set apart from the input budget, and an EAGLE drafter whose hits drop their last block
+beside 0.34.0's cache-aware window.
 
 A request vLLM ends inside `update_from_output` (a grammar that failed to compile, an encoder
 cache mismatch: vLLM calls `finish_requests` from there with `FINISHED_ERROR`) is logged once,

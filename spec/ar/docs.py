@@ -71,7 +71,13 @@ hit takes cached blocks holding the request's own prefix, whole blocks, at most 
 tokens less one, and its computed tokens jump by the hit. A free cached block stays cached
 until it is allocated afresh (which evicts it) or evicted (`ArCacheEvicted`, unreferenced blocks
 only). Requests carry their prompt token ids (`ArRequest.prompt`) for this; output tokens are
-private to their request.
+private to their request. Where the engine declares `hash_lookahead_tokens` = L (vLLM with an
+EAGLE drafter), a block's key also covers the L tokens after it: it is cached only once they are
+known (a last prompt block once its first output is sampled), and a hit takes it only where the
+request's own next L tokens match too. Output tokens being private, a prompt that continues
+another request's outputs (a multi-turn chat) may hit none of the blocks holding them, nor,
+under L, the block just before them; where an engine's log shows such a hit the check reports
+`cache_hit_cached`, a limit of the spec (the AR events carry no output token ids), not a finding.
 """
 
 

@@ -141,6 +141,7 @@ class _Step:
     preempted_with_free: bool = False  # a preemption of this step left a block free before it
     admitted: list[str] = field(default_factory=list)
     drafts: dict[str, int] = field(default_factory=dict)  # of `scheduled`: its draft tokens
+    allocated: set[str] = field(default_factory=set)  # requests allocated blocks in the step
     in_schedule_phase: bool = False
     admission_phase: bool = False  # an event of a queued request was seen (cache-aware order)
     usage: float | None = None  # the pool's usage when the cache-aware order was decided
@@ -823,6 +824,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             r.blocks.append(b)
             self._dirty_blocks.add(b)
             self._dirty_pairs.add((r.request_id, b))
+        self._step.allocated.add(r.request_id)
         self._touch(r)
 
     def _scheduled(self, e: ArScheduled) -> None:
@@ -892,6 +894,20 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         have = len(r.blocks) * cfg.block_size
         # and the drafter's lookahead slots past them, which vLLM caps at max_model_len
         need = min(r.num_computed + n + cfg.num_lookahead_tokens, cfg.max_model_len)
+        if (
+            cfg.num_lookahead_tokens
+            and r.request_id in st.allocated
+            and len(r.blocks) > cfg.blocks_for(need)
+        ):
+            # vLLM allocates up to the lookahead slots, never past them
+            raise self._fail(
+                ArRule.KV_BOUNDED,
+                f"{r.request_id!r} was allocated blocks in step {st.index} up to {len(r.blocks)} "
+                f"for {r.num_computed} computed + {n} scheduled tokens and "
+                f"{cfg.num_lookahead_tokens} lookahead slot(s) (within max_model_len="
+                f"{cfg.max_model_len}: {need} tokens, {cfg.blocks_for(need)} blocks)",
+                e,
+            )
         if have < max(need, r.num_computed + n):
             ahead = (
                 f" and {cfg.num_lookahead_tokens} lookahead slot(s) (within max_model_len="

@@ -139,7 +139,9 @@ _AR_RULES: dict[ArRule, str] = {
     "request that gives back what it took (a cache hit included) has computed nothing again; a "
     "running one may then only finish or be aborted; blocks past the computed tokens may go "
     "alone.",
-    ArRule.KV_BOUNDED: "A request never holds more blocks than max_model_len needs.",
+    ArRule.KV_BOUNDED: "A request never holds more blocks than max_model_len needs; with a "
+    "drafter's lookahead slots (num_lookahead_tokens = L), a step that allocates to a request "
+    "leaves it no more blocks than min(computed + scheduled + L, max_model_len) tokens need.",
     ArRule.KV_EXCLUSIVE: "Allocated blocks were free (cached ones included: allocating one evicts "
     "it) and are in the pool; a block has one holder unless prefix caching shares it through "
     "a cache hit.",
