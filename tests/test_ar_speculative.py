@@ -451,7 +451,9 @@ def test_drafting_rows_count_against_the_token_budget() -> None:
     assert verdict(events, CFG) == ("", "")
     found, message = verdict(events, CFG.replace(num_drafting_slots=1))
     assert found == "token_budget", message
-    assert "17 tokens and 1 drafting slot(s) per scheduled request" in message, message
+    assert "take 17 input rows (15 tokens and 1 drafting slot(s) per scheduled request)" in (
+        message
+    )
     fits = [*events[:4], ArBlocksAllocated("b", (3, 4)), ArScheduled("b", 6), ArStepEnd(0)]
     assert verdict(fits, CFG.replace(num_drafting_slots=1)) == ("", "")
 

@@ -855,11 +855,16 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         slots = cfg.num_drafting_slots  # the drafter's input rows per scheduled request
         used = sum(st.scheduled.values()) + slots * len(st.scheduled)
         if rules.token_budget and used + n + slots > cfg.max_num_batched_tokens:
-            rows = f" and {slots} drafting slot(s) per scheduled request" if slots else ""
+            what = (
+                f"take {used + n + slots} input rows ({sum(st.scheduled.values()) + n} tokens "
+                f"and {slots} drafting slot(s) per scheduled request)"
+                if slots
+                else f"schedule {used + n} tokens"
+            )
             raise self._fail(
                 ArRule.TOKEN_BUDGET,
-                f"step {st.index} would schedule {used + n + slots} tokens{rows}; "
-                f"max_num_batched_tokens={cfg.max_num_batched_tokens}",
+                f"step {st.index} would {what}; max_num_batched_tokens="
+                f"{cfg.max_num_batched_tokens}",
                 e,
             )
         if not cfg.enable_chunked_prefill and n - drafts != uncomputed:
