@@ -2,8 +2,9 @@
 
 vLLM's `allocate_slots` gives a request with EAGLE or a draft model `num_lookahead_tokens` (k)
 KV slots past the tokens the step computes, capped at `max_model_len`, for the drafter's own
-KV. In the log they are blocks past the step's tokens, which the spec's block rules allow
-(`kv_covers_scheduled` bounds a request's blocks from below, `kv_bounded` by `max_model_len`).
+KV. In the log they are blocks past the step's tokens, which the header declares
+(`num_lookahead_tokens`): `kv_covers_scheduled` asks for them, and `kv_bounded` bounds a step's
+allocation by them and every request by `max_model_len`.
 With prefix caching and EAGLE, vLLM 0.33.0 and 0.34.0 hash each block with the token after it
 (`num_hash_lookahead_tokens` = 1), which the log declares as `ArPolicy.hash_lookahead_tokens`:
 the spec's cache keys then cover that token too (`tests/test_ar_hash_lookahead.py`).

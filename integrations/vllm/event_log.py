@@ -231,7 +231,8 @@ def loggable(scheduler: Any, v: Any) -> None:
             "blocks after their finish, which the AR event log does not describe",
         )
     # EAGLE's and a draft model's lookahead slots are blocks past the step's tokens, within
-    # max_model_len: the spec bounds a request's blocks from below and by max_model_len only.
+    # max_model_len, which the header declares (`num_lookahead_tokens`): the spec bounds a
+    # step's allocation by them from below and above.
     # A multi-module MTP drafter also shortens prefill chunks near the prefill end and passes
     # over a request it cannot so schedule; no adapter drives one, so none is vouched for.
     prefill_lookahead = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
