@@ -39,7 +39,7 @@ from properties.ar.trace_check import check_ar_trace
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
-from tests.test_real_vllm_event_log_lookahead import Overriding
+from tests.test_real_vllm_event_log_lookahead import with_speculative
 
 
 @pytest.fixture(autouse=True)
@@ -53,18 +53,6 @@ def as_multi_module_mtp(scheduler: Any) -> None:
     request it cannot so schedule. No adapter drives an MTP model, so an EAGLE scheduler is
     given MTP's prefill lookahead of 2."""
     scheduler.num_prefill_lookahead = 2
-
-
-def with_speculative(**overrides: Any) -> Callable[[Any], None]:
-    """A `prepare` that gives the scheduler's speculative config `overrides`, as a drafter
-    no adapter drives here would have them."""
-
-    def prepare(scheduler: Any) -> None:
-        config = scheduler.vllm_config
-        speculative = Overriding(config.speculative_config, **overrides)
-        scheduler.vllm_config = Overriding(config, speculative_config=speculative)
-
-    return prepare
 
 
 def with_a_smaller_token_budget(scheduler: Any) -> None:

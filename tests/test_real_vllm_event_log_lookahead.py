@@ -278,29 +278,22 @@ def uncap_lookahead(scheduler: Any) -> None:
     manager.allocate_slots = uncapped
 
 
-def no_lookahead(scheduler: Any) -> None:
-    """A seeded bug: `scheduler`'s `allocate_slots` reserves no lookahead slot, so the
-    drafter writes KV into slots it was never given."""
-    manager = scheduler.kv_cache_manager
-    allocate = manager.allocate_slots
+def lookahead_times(factor: int) -> Callable[[Any], None]:
+    """A seeded bug: the scheduler's `allocate_slots` reserves `factor` times the lookahead
+    slots (within `max_model_len`): none with 0, so the drafter writes KV into slots it was
+    never given; twice with 2, holding blocks no forward writes."""
 
-    def without_lookahead(*args: Any, **kwargs: Any) -> Any:
-        return allocate(*args, **{**kwargs, "num_lookahead_tokens": 0})
+    def seed(scheduler: Any) -> None:
+        manager = scheduler.kv_cache_manager
+        allocate = manager.allocate_slots
 
-    manager.allocate_slots = without_lookahead
+        def scaled(*args: Any, **kwargs: Any) -> Any:
+            ahead = kwargs.get("num_lookahead_tokens", 0)
+            return allocate(*args, **{**kwargs, "num_lookahead_tokens": factor * ahead})
 
+        manager.allocate_slots = scaled
 
-def doubled_lookahead(scheduler: Any) -> None:
-    """A seeded bug: `scheduler`'s `allocate_slots` reserves twice the lookahead slots (within
-    `max_model_len`), holding blocks no forward writes."""
-    manager = scheduler.kv_cache_manager
-    allocate = manager.allocate_slots
-
-    def doubled(*args: Any, **kwargs: Any) -> Any:
-        ahead = kwargs.get("num_lookahead_tokens", 0)
-        return allocate(*args, **{**kwargs, "num_lookahead_tokens": 2 * ahead})
-
-    manager.allocate_slots = doubled
+    return seed
 
 
 class Overriding:
@@ -316,21 +309,30 @@ class Overriding:
         return getattr(self._inner, name)
 
 
-def uncharged_drafting_rows(scheduler: Any) -> None:
-    """A seeded bug: `scheduler.schedule` charges no input row for the drafter (a draft
-    model's one per request), so a step's tokens and drafting rows overrun the batch."""
-    config = scheduler.vllm_config
-    speculative = Overriding(config.speculative_config, max_num_new_slots_for_drafting=0)
-    scheduler.vllm_config = Overriding(config, speculative_config=speculative)
+def with_speculative(**overrides: Any) -> Callable[[Any], None]:
+    """A change that gives the scheduler's speculative config `overrides` (a seeded bug, or a
+    drafter no loop here drives)."""
+
+    def change(scheduler: Any) -> None:
+        config = scheduler.vllm_config
+        speculative = Overriding(config.speculative_config, **overrides)
+        scheduler.vllm_config = Overriding(config, speculative_config=speculative)
+
+    return change
+
+
+#: A seeded bug: `schedule` charges no input row for the drafter (a draft model's one per
+#: request), so a step's tokens and drafting rows overrun the batch.
+uncharged_drafting_rows = with_speculative(max_num_new_slots_for_drafting=0)
 
 
 @pytest.mark.parametrize(
     ("bug", "method", "rule"),
     [
         (uncap_lookahead, "eagle", "kv_bounded"),
-        (no_lookahead, "eagle", "kv_covers_scheduled"),
-        (no_lookahead, "draft_model", "kv_covers_scheduled"),
-        (doubled_lookahead, "eagle", "kv_bounded"),
+        (lookahead_times(0), "eagle", "kv_covers_scheduled"),
+        (lookahead_times(0), "draft_model", "kv_covers_scheduled"),
+        (lookahead_times(2), "eagle", "kv_bounded"),
         (uncharged_drafting_rows, "draft_model", "token_budget"),
     ],
     ids=[
