@@ -27,6 +27,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArOutputTokens,
     ArPauseSet,
     ArPreempted,
     ArScheduled,
@@ -121,6 +122,11 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
     "speculative_drafts": (
         # a decodes its last token and one draft, with speculative decoding off
         [*TWO_BLOCKS[:3], ArStepEnd(0), ArScheduled("a", 2, drafts=1)],
+        CFG,
+    ),
+    "output_tokens": (
+        # a produced 1 output in step 0, and the log names the ids of 2
+        [*STEP_0, ArOutputTokens("a", (7, 8))],
         CFG,
     ),
     "static_batch": (

@@ -114,6 +114,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArOutputTokens,
     ArStepEnd,
     ArSubmitted,
 )
@@ -863,9 +864,18 @@ class RealVllmScheduler:
         self.sink(ArStepEnd(self.step_index))
         runner_output = self._fabricate(scheduled)
         before = self._view(where=f"before update_from_output() in step {self.step_index}")
+        outputs = {
+            rid: (req, len(req.output_token_ids))
+            for rid in scheduled
+            if (req := sched.requests.get(rid)) is not None
+        }
         self.transcript.append(update_line(runner_output))
         engine_outputs = sched.update_from_output(out, runner_output)
         self.transcript[-1] += f"  # {output_line(engine_outputs)}"
+        if self._config.enable_prefix_caching:
+            for rid, (req, known) in outputs.items():
+                if ids := appended_outputs(req, known):
+                    self.sink(ArOutputTokens(rid, ids))
         after_update = f"after update_from_output() in step {self.step_index}"
         self._emit(release_events(before, self._view(where=after_update)))
         for reqs in engine_outputs.values():
@@ -987,6 +997,12 @@ class RealVllmScheduler:
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
         return finish_reason_of(self.v, finish_reason)
+
+
+def appended_outputs(request: Any, known: int) -> tuple[int, ...]:
+    """The ids of the outputs vLLM appended to `request` past its first `known` (what a step's
+    `update_from_output` sampled, and accepted of its drafts)."""
+    return tuple(int(t) for t in list(request.output_token_ids)[known:])
 
 
 def next_output_index(req: Any) -> int:
@@ -1847,6 +1863,7 @@ __all__ = [
     "RealVllmScheduler",
     "adapter_of",
     "all_group_tables",
+    "appended_outputs",
     "block_tables",
     "blocks_held",
     "build_scheduler",

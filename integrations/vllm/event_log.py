@@ -18,7 +18,9 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
 - `schedule`: the scheduling phase (preemptions, allocations and cache hits, scheduled tokens,
   with their `drafts` under speculative decoding) and `ArStepEnd`;
 - `update_from_output`: `ArDraftsVerified` for each request whose drafts the step verified
-  (before any free: vLLM rolls back the rejected drafts in its loop over the batch), the
+  (before any free: vLLM rolls back the rejected drafts in its loop over the batch), with
+  prefix caching `ArOutputTokens` with the ids of each request's new outputs (vLLM's block
+  hashes cover them, so a conversation's next turn hits the blocks holding them), the
   blocks it freed, and `ArFinished` with vLLM's reason;
 - `finish_requests`: the blocks it freed and `ArAborted` for each request it ended (vLLM passes
   `FINISHED_ABORTED` both for a client's abort and for a stop string its front end found);
@@ -80,6 +82,7 @@ from integrations.instance_hooks import InstanceHooks
 from integrations.log_writer import scheduler_writer
 from integrations.vllm import REAL_VLLM_PROFILE
 from integrations.vllm.adapter import (
+    appended_outputs,
     finish_reason_of,
     load_vllm,
     pool_view,
@@ -95,6 +98,7 @@ from spec.ar.events import (
     ArDraftsVerified,
     ArEvent,
     ArFinished,
+    ArOutputTokens,
     ArPauseSet,
     ArPreempted,
     ArScheduled,
@@ -314,9 +318,9 @@ class VllmEventLog:
         # update_from_output calls finish_requests), and the requests a nested call ended
         self._open: list[ArPoolView] = []
         self._ended_inside: set[str] = set()
-        # while update_from_output runs: each request whose drafts it verifies -> (the
-        # request, its outputs before the call), logged once by `_verify_drafts`
-        self._drafted: dict[str, tuple[Any, int]] = {}
+        # while update_from_output runs: each request the step scheduled -> (the request, its
+        # outputs before the call, whether it had drafts), logged once by `_log_outputs`
+        self._sampling: dict[str, tuple[Any, int, bool]] = {}
         self._hooks = InstanceHooks()
         self.writer: str = scheduler_writer(scheduler, "vllm")
         write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
@@ -386,15 +390,16 @@ class VllmEventLog:
 
     def _update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._ended_inside.clear()
-        self._drafted = {
-            str(rid): (request, len(request.output_token_ids))
-            for rid, ids in scheduler_output.scheduled_spec_decode_tokens.items()
-            if ids and (request := self.scheduler.requests.get(rid)) is not None
+        drafted = scheduler_output.scheduled_spec_decode_tokens
+        self._sampling = {
+            str(rid): (request, len(request.output_token_ids), bool(drafted.get(rid)))
+            for rid in scheduler_output.num_scheduled_tokens
+            if (request := self.scheduler.requests.get(rid)) is not None
         }
         try:
             outputs = self._releasing("update_from_output", scheduler_output, *args, **kwargs)
         finally:
-            self._drafted = {}
+            self._sampling = {}
         ended, self._ended_inside = self._ended_inside, set()
         for per_client in outputs.values():
             for o in per_client.outputs:
@@ -448,13 +453,13 @@ class VllmEventLog:
                 self._emit(ArCacheReset())
 
     def _releasing(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call the scheduler's `name`, then log the verified drafts (`_verify_drafts`) and the
+        """Call the scheduler's `name`, then log the step's outputs (`_log_outputs`) and the
         blocks the call freed. Called inside another wrapped call, it first logs those of the
         outer call so far, and the outer call then reads its frees from where this one ended
         (each free logged once)."""
         before = self._view(f"before {name}()")
         if self._open:
-            self._verify_drafts()
+            self._log_outputs()
             for e in release_events(self._open[-1], before):
                 self._emit(e)
             self._open[-1] = before
@@ -463,7 +468,7 @@ class VllmEventLog:
             result = self._calls[name](*args, **kwargs)
         finally:
             start = self._open.pop()
-        self._verify_drafts()
+        self._log_outputs()
         after = self._view(f"after {name}()")
         for e in release_events(start, after):
             self._emit(e)
@@ -471,18 +476,22 @@ class VllmEventLog:
             self._open[-1] = after
         return result
 
-    def _verify_drafts(self) -> None:
-        """`ArDraftsVerified` per request whose drafts `update_from_output` verified, once,
-        before the first free after its loop (nothing when no update is under way): vLLM rolls
-        the computed tokens back (rejected drafts, and tokens cut at a stop) in its loop over
-        the batch, before it frees what stopped and before it ends a request in error
-        (`finish_requests`, after the loop). The accepted drafts are the outputs it appended
-        past the sampled token."""
-        drafted, self._drafted = self._drafted, {}
-        for rid, (request, outputs) in drafted.items():
+    def _log_outputs(self) -> None:
+        """Per request the step scheduled, once, before the first free after
+        `update_from_output`'s loop (nothing when no update is under way): `ArDraftsVerified`
+        where it had drafts, then, with prefix caching, `ArOutputTokens` with the ids of the
+        outputs the loop appended (vLLM's block hashes cover them: a later prompt that
+        continues them hits their blocks). vLLM rolls the computed tokens back (rejected
+        drafts, and tokens cut at a stop) in its loop over the batch, before it frees what
+        stopped and before it ends a request in error (`finish_requests`, after the loop). The
+        accepted drafts are the outputs it appended past the sampled token."""
+        sampling, self._sampling = self._sampling, {}
+        for rid, (request, outputs, drafted) in sampling.items():
             appended = len(request.output_token_ids) - outputs
-            if appended:
+            if drafted and appended:
                 self._emit(ArDraftsVerified(rid, appended - 1))
+            if self._prefix and appended:
+                self._emit(ArOutputTokens(rid, appended_outputs(request, outputs)))
 
     def _view(self, where: str, scheduled: dict[str, int] | None = None) -> ArPoolView:
         """The scheduler's pools (`pool_view`), its queues checked first: `SpecViolation`,

@@ -26,6 +26,7 @@ from spec.ar.decisions import first_difference, step_decisions
 from spec.ar.events import (
     ArAborted,
     ArEvent,
+    ArOutputTokens,
     ArPauseSet,
     ArPreempted,
     ArScheduled,
@@ -42,7 +43,8 @@ def operations(
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
     `ArAborted`, a step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's
-    preemption or draft tokens, which no twin replays). A rejected submission or an abort that
+    preemption or draft tokens, which no twin replays, and at a prompt that continues another
+    request's named outputs: `Continuations`). A rejected submission or an abort that
     changed nothing left no event and changes nothing; a drain shows as the steps it ran. A request
     whose stop the log's engine sampled (`stop_sampled`) is scripted to stop where it did: its
     outputs at that finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off
@@ -50,8 +52,19 @@ def operations(
     stops = sampled_stops or {}
     ops: list[ArOp] = []
     submitted = 0
+    continuations = Continuations()
     for e in events:
+        if isinstance(e, ArOutputTokens):
+            continuations.named(e)
         if isinstance(e, ArSubmitted):
+            if (earlier := continuations.continued_by(e)) is not None:
+                raise CannotDrive(
+                    f"{e.request_id!r}'s prompt continues {earlier!r}'s prompt and outputs (a "
+                    "conversation's next turn), whose ids the log names: a twin samples outputs "
+                    "of its own, which no prompt continues, so its hits would differ. Check the "
+                    "log without --twin"
+                )
+            continuations.submitted(e)
             request = ArRequest(
                 e.request_id,
                 e.prompt_len,
@@ -81,6 +94,54 @@ def operations(
         elif isinstance(e, ArStepEnd):
             ops.append(ArStep())
     return ops
+
+
+class Continuations:
+    """Which submitted prompt continues an earlier request's prompt into its first named output
+    (`ArOutputTokens`): its prompt then that output, as its first tokens. Each request's
+    prompt and first output is kept as a rolling hash per length, so a prompt is tested in
+    time linear in its length, however many requests came before (a hash match is then
+    compared token by token)."""
+
+    _MOD = (1 << 61) - 1
+    _BASE = 1_000_003
+
+    def __init__(self) -> None:
+        self._prompts: dict[str, tuple[int, ...]] = {}
+        # length -> rolling hash of (prompt, first output) -> (request, those tokens)
+        self._starts: dict[int, dict[int, tuple[str, tuple[int, ...]]]] = {}
+
+    def _hashes(self, tokens: tuple[int, ...]) -> list[int]:
+        """The rolling hash of every prefix of `tokens` (index i: the first i + 1)."""
+        h, out = 0, []
+        for t in tokens:
+            h = (h * self._BASE + t % self._MOD + 1) % self._MOD
+            out.append(h)
+        return out
+
+    def submitted(self, e: ArSubmitted) -> None:
+        """Keep the prompt of `e` (a request without prompt ids shares nothing)."""
+        if e.prompt is not None:
+            self._prompts[e.request_id] = e.prompt
+
+    def named(self, e: ArOutputTokens) -> None:
+        """Its request's first output named: keep its prompt and that output."""
+        if not e.tokens or (prompt := self._prompts.pop(e.request_id, None)) is None:
+            return
+        start = (*prompt, e.tokens[0])
+        self._starts.setdefault(len(start), {})[self._hashes(start)[-1]] = (e.request_id, start)
+
+    def continued_by(self, e: ArSubmitted) -> str | None:
+        """The earlier request whose prompt and first named output `e`'s prompt starts with,
+        if any."""
+        if e.prompt is None or not self._starts:
+            return None
+        hashes = self._hashes(e.prompt)
+        for length, starts in self._starts.items():
+            hit = starts.get(hashes[length - 1]) if length <= len(e.prompt) else None
+            if hit is not None and e.prompt[:length] == hit[1]:
+                return hit[0]
+        return None
 
 
 def apply_ar_ops(harness: ArHarness, ops: Sequence[ArOp]) -> None:
@@ -148,4 +209,4 @@ def twin_difference(
     return f"{difference or 'no decision differed'}{stopped}"
 
 
-__all__ = ["apply_ar_ops", "operations", "twin_difference", "twin_harness"]
+__all__ = ["Continuations", "apply_ar_ops", "operations", "twin_difference", "twin_harness"]

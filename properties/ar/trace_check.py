@@ -32,6 +32,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArOutputTokens,
     ArStepEnd,
     ArSubmitted,
 )
@@ -42,7 +43,15 @@ from spec.errors import ConfigError, SpecViolation
 
 # Events that may come between steps (no scheduling phase starts with them): the update
 # phase's, after which the between-steps invariants are checked.
-_BETWEEN = (ArSubmitted, ArAborted, ArBlocksFreed, ArFinished, ArStepEnd, ArDraftsVerified)
+_BETWEEN = (
+    ArSubmitted,
+    ArAborted,
+    ArBlocksFreed,
+    ArFinished,
+    ArStepEnd,
+    ArDraftsVerified,
+    ArOutputTokens,
+)
 
 
 @dataclass(frozen=True, slots=True)

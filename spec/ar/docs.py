@@ -42,8 +42,10 @@ in docs/schedulers.md.
 4. **Update phase** (the engine's `update_from_output()`): `ArDraftsVerified(request,
    accepted)` for every request whose drafts the step computed (the accepted drafts become
    outputs after the sampled token, the rejected ones are no longer computed; rule
-   `speculative_drafts`), then `ArBlocksFreed`, then `ArFinished` for every request whose
-   finish condition holds (`release_events` derives the frees).
+   `speculative_drafts`), then, optionally, `ArOutputTokens(request, tokens)` with the ids
+   of the outputs the step produced (rule `output_tokens`; see prefix caching), then
+   `ArBlocksFreed`, then `ArFinished` for every request whose finish condition holds
+   (`release_events` derives the frees).
 
 Between steps (before the first scheduling event of a step, and after the last event) the
 between-steps invariants hold and an adapter's snapshot must equal the abstract state.
@@ -70,14 +72,17 @@ of holders, and `free + referenced = usable`. A full block becomes cached, under
 hit takes cached blocks holding the request's own prefix, whole blocks, at most its known
 tokens less one, and its computed tokens jump by the hit. A free cached block stays cached
 until it is allocated afresh (which evicts it) or evicted (`ArCacheEvicted`, unreferenced blocks
-only). Requests carry their prompt token ids (`ArRequest.prompt`) for this; output tokens are
-private to their request. Where the engine declares `hash_lookahead_tokens` = L (vLLM with an
-EAGLE drafter), a block's key also covers the L tokens after it: it is cached only once they are
+only). Requests carry their prompt token ids (`ArRequest.prompt`) for this, and a log names
+its requests' output token ids (`ArOutputTokens`, between steps, after the step that produced
+them): a named output keys the blocks holding it as a prompt token does, so a prompt that
+continues another request's prompt and outputs (a conversation's next turn) hits them, as in
+vLLM. An output no event names is private to its request; a block cached while its outputs
+were private is keyed afresh when they are named (before the next step, no other request can
+have hit it). Where the engine declares `hash_lookahead_tokens` = L (vLLM with an EAGLE
+drafter), a block's key also covers the L tokens after it: it is cached only once they are
 known (a last prompt block once its first output is sampled), and a hit takes it only where the
-request's own next L tokens match too. Output tokens being private, a prompt that continues
-another request's outputs (a multi-turn chat) may hit none of the blocks holding them, nor,
-under L, the block just before them; where an engine's log shows such a hit the check reports
-`cache_hit_cached`, a limit of the spec (the AR events carry no output token ids), not a finding.
+request's own next L tokens match too; the block just before a request's outputs is keyed by
+the first of them once named.
 """
 
 

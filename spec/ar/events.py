@@ -7,7 +7,8 @@ Every event is a frozen, slotted dataclass with a stable `kind` (JSON Lines trac
                        ArPreempted (with every block it held), ArCacheEvicted
     model execution    ArStepEnd (each scheduled request computes its tokens; a request that
                        caught up with its known tokens samples one output token)
-    update phase       ArBlocksFreed, ArFinished
+    update phase       ArDraftsVerified, ArOutputTokens (optional: the ids of the outputs the
+                       step produced), ArBlocksFreed, ArFinished
 
 `ArSubmitted` and `ArAborted` (with the frees it causes) happen between steps.
 """
@@ -184,6 +185,21 @@ class ArDraftsVerified:
     accepted: int
 
 
+@dataclass(frozen=True, slots=True)
+class ArOutputTokens:
+    """Between steps: the token ids of the request's next `len(tokens)` outputs, in order,
+    after those earlier `ArOutputTokens` of it named (so a log names each output once, as its
+    step, and its `ArDraftsVerified`, produced it). Optional: an output no event names is
+    private to its request. A named output keys the prefix-cache blocks holding it (and, with
+    `ArPolicy.hash_lookahead_tokens`, the blocks before it) by its id, as a prompt token is:
+    a later request whose prompt continues the request's prompt and outputs (a conversation's
+    next turn) may then hit those blocks, as vLLM's hits do."""
+
+    kind: ClassVar[str] = "ar_output_tokens"
+    request_id: str
+    tokens: tuple[int, ...]
+
+
 ArEvent = (
     ArSubmitted
     | ArCacheHit
@@ -198,6 +214,7 @@ ArEvent = (
     | ArCacheReset
     | ArStepEnd
     | ArDraftsVerified
+    | ArOutputTokens
 )
 
 AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
@@ -214,6 +231,7 @@ AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArCacheReset,
     ArStepEnd,
     ArDraftsVerified,
+    ArOutputTokens,
 )
 
 AR_EVENT_BY_KIND: dict[str, type[ArEvent]] = {t.kind: t for t in AR_EVENT_TYPES}

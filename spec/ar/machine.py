@@ -14,7 +14,8 @@ Prefix caching (`ArConfig.enable_prefix_caching`): a block is referenced by ever
 block table lists it (its reference count is the number of holders). A full block whose tokens
 are scheduled becomes cached under its content: the request's tokens up to the block's end
 (prompt token ids when the request carries them, else tokens private to the request; output
-tokens are always private to the request). A cache hit takes references to cached blocks whose
+tokens by the ids `ArOutputTokens` names, else private to the request: a block holding an
+output is keyed afresh when its id is named). A cache hit takes references to cached blocks whose
 content is the request's own prefix. A free cached block stays cached until it is allocated
 afresh (implicit eviction) or evicted (`ArCacheEvicted`). A request preempted in the step that
 scheduled it (victim order `LOWEST_PRIORITY_ANY`) loses what that scheduling cached: the
@@ -57,6 +58,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArOutputTokens,
     ArPauseSet,
     ArPreempted,
     ArScheduled,
@@ -115,6 +117,8 @@ class _Req:
     released: bool = False
     # draft tokens the step that just ended computed, awaiting their `ArDraftsVerified`
     drafts: int = 0
+    # the ids of its first outputs, as `ArOutputTokens` named them (the rest are private)
+    output_ids: list[int] = field(default_factory=list)
 
     @property
     def known(self) -> int:
@@ -543,6 +547,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def _token(self, r: _Req, i: int) -> Token:
         if i < r.prompt_len:
             return r.prompt[i] if r.prompt is not None else (r.request_id, i)
+        if i - r.prompt_len < len(r.output_ids):
+            return r.output_ids[i - r.prompt_len]
         return (r.request_id, "o", i)
 
     def _prefix_key(self, r: _Req, k: int) -> int:
@@ -1556,6 +1562,48 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._register_cached(r, r.num_computed)
         self._touch(r)
 
+    def _output_tokens(self, e: ArOutputTokens) -> None:
+        """`output_tokens`: between steps, the ids of outputs the request produced that no
+        earlier event named. The blocks whose keys cover them, registered while they were
+        private to the request (none another request could hit), are keyed by them now."""
+        r = self._active(e.request_id, e)
+        rid, named, tokens = r.request_id, len(r.output_ids), e.tokens
+        if self._step.in_schedule_phase:
+            raise self._fail(
+                ArRule.OUTPUT_TOKENS,
+                f"{rid!r}'s output ids named inside step {self._step.index}'s schedule phase: "
+                "they follow the step that produced them, before the next is scheduled",
+                e,
+            )
+        bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int)]
+        if bad:
+            raise self._fail(
+                ArRule.OUTPUT_TOKENS, f"{rid!r}'s output ids {bad} are not integers", e
+            )
+        if named + len(tokens) > r.num_output:
+            raise self._fail(
+                ArRule.OUTPUT_TOKENS,
+                f"{rid!r} names the ids of outputs {named + 1}..{named + len(tokens)} but has "
+                f"produced {r.num_output} (named so far: {named}; an output's id follows the "
+                "step, and the ar_drafts_verified, that produced it, and is named once)",
+                e,
+            )
+        if not self.config.enable_prefix_caching or not tokens:
+            r.output_ids.extend(tokens)
+            return
+        first = r.prompt_len + named  # the first token whose id is new
+        lowest = max(0, first - self.policy.hash_lookahead_tokens) // self.config.block_size
+        blocks = range(lowest, r.cached_upto)
+        before = [self._key(r, k) for k in blocks]
+        r.output_ids.extend(tokens)
+        del r.keys[first // self.config.block_size :]
+        for k, old in zip(blocks, before, strict=True):
+            b = r.blocks[k]
+            if self._cache.get(b) == old:
+                self._cache[b] = self._key(r, k)
+                self._dirty_blocks.add(b)
+        self._touch(r)
+
     def _finished(self, e: ArFinished) -> None:
         r = self._active(e.request_id, e)
         if r.phase is not ArPhase.RUNNING:
@@ -1819,6 +1867,7 @@ ArSpecMachine.handlers = MappingProxyType(
         ArPauseSet: ArSpecMachine._pause_set,
         ArCacheReset: ArSpecMachine._cache_reset,
         ArDraftsVerified: ArSpecMachine._drafts_verified,
+        ArOutputTokens: ArSpecMachine._output_tokens,
     }
 )
 

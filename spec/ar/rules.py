@@ -32,6 +32,7 @@ class ArRule(StrEnum):
     PAUSE = "pause"
     CACHE_RESET = "cache_reset"
     SPECULATIVE_DRAFTS = "speculative_drafts"
+    OUTPUT_TOKENS = "output_tokens"
     STEP_ORDER = "step_order"
     KV_COVERS_SCHEDULED = "kv_covers_scheduled"
     KV_COVERS_COMPUTED = "kv_covers_computed"
@@ -126,6 +127,11 @@ _AR_RULES: dict[ArRule, str] = {
     "model accepted: at most those drafts, never past max_tokens or the scripted end token. "
     "They are its next outputs, after the token the step sampled (cached like any computed "
     "token); the rejected ones are no longer computed, and their blocks stay held.",
+    ArRule.OUTPUT_TOKENS: "An `ar_output_tokens` event (optional) names, between steps, the "
+    "integer ids of outputs its request produced that no earlier one named, in order: never "
+    "more than it has produced (after the step's `ar_drafts_verified`). A named output keys "
+    "the prefix-cache blocks holding it, and under hash_lookahead_tokens the blocks before it, "
+    "by its id, as a prompt token does; an output never named is private to its request.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "

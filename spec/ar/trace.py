@@ -76,7 +76,7 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
         if value is not None and (not isinstance(value, int) or not _is_int(value) or value < 0):
             raise bad("an integer >= 0 or null")
         return value
-    if name in ("blocks", "freed", "prompt"):
+    if name in ("blocks", "freed", "prompt", "tokens"):
         if value is None and name == "prompt":
             return None
         if not isinstance(value, list) or not all(_is_int(b) for b in value):
