@@ -559,7 +559,7 @@ def _check_ar(
         return _violated(args, where, res.violation, counted)
     twin = extras.twin
     if isinstance(twin, ArTwin):  # a log no twin replays (a pause, a cache reset): exit 2 first
-        operations(kept or [], res.sampled_stops)
+        operations(kept or [], res.sampled_stops, res.config, res.policy)
     declared = res.policy is not None and res.policy != ArPolicy()
     end = End(res.idle_at_end, res.waiting_ids, res.running_ids, res.unjudged_at_end)
     code = _finish(args, res.events, (res.steps, "steps"), end, extras, declared)

@@ -163,7 +163,8 @@ def ar_log_difference(
     from properties.ar.decisions import operations, twin_difference
     from properties.ar.harness import ArDrain
 
-    ops = operations(events, sampled_stops) + ([ArDrain(10_000)] if ended_idle else [])
+    ops = operations(events, sampled_stops, config, policy)
+    ops += [ArDrain(10_000)] if ended_idle else []
     own = twin.policy if twin.policy is not None else policy
     return twin_difference(ops, events, config, twin.factory, own, subject="the log")
 

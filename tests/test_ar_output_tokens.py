@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from properties.ar.decisions import Continuations, operations
+from properties.ar.decisions import NamedOutputHits, operations
 from properties.ar.trace_check import check_ar_trace
 from schedspec_cli.main import main
 from spec.ar.config import ArConfig
@@ -24,6 +24,7 @@ from spec.ar.events import (
     ArBlocksAllocated,
     ArBlocksFreed,
     ArCacheHit,
+    ArDraftsVerified,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -104,23 +105,56 @@ def test_a_wrong_id_is_not_the_content() -> None:
     assert rule == "cache_hit_cached", message
 
 
-def test_ids_named_after_their_block_was_cached_key_it_afresh() -> None:
-    """All five named at once after step 4, where block 2 was cached in step 4's schedule while
-    its outputs were private: it is keyed by them now, and b hits it."""
-    names = {4: OUTPUTS}
-    talk = PROMPT + OUTPUTS[:4]
-    assert verdict([*a_converses(names), *b_continues(talk, (1, 2))], CONFIG) == ("", "")
-    machine = ArSpecMachine(CONFIG)
-    for e in a_converses(names)[:-2]:
+def test_blocks_cached_before_their_outputs_are_named_are_keyed_afresh() -> None:
+    """With drafts, the verification caches block 2 (a's output 1 and its three accepted
+    drafts, outputs 2 to 4) before the update phase names outputs 2 to 5: named, block 2 is
+    keyed by them and b hits it; the cache's key of block 2 is not the one it had before."""
+    drafting = CONFIG.replace(num_speculative_tokens=3)
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 5, prompt=PROMPT),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 4),
+        ArStepEnd(0),
+        ArOutputTokens("a", OUTPUTS[:1]),
+        ArBlocksAllocated("a", (2,)),
+        ArScheduled("a", 4, drafts=3),  # output 1, then three drafts
+        ArStepEnd(1),
+        ArDraftsVerified("a", 3),  # 8 computed: block 2 full and cached, 5 outputs
+    ]
+    names: list[ArEvent] = [ArOutputTokens("a", OUTPUTS[1:])]
+    done: list[ArEvent] = [ArBlocksFreed("a", (1, 2)), ArFinished("a", ArFinishReason.LENGTH)]
+    b: list[ArEvent] = [
+        ArSubmitted("b", 9, 1, prompt=(*PROMPT, *OUTPUTS[:4], 200)),
+        ArCacheHit("b", (1, 2)),
+        ArBlocksAllocated("b", (3,)),
+        ArScheduled("b", 1),
+        ArStepEnd(2),
+    ]
+    assert verdict([*events, *names, *done, *b], drafting) == ("", "")
+    rule, message = verdict([*events, *done, *b], drafting)
+    assert rule == "cache_hit_cached", message
+    machine = ArSpecMachine(drafting)
+    for e in events:
         machine.apply(e)
+    private = machine.state().cached[2]
+    machine.apply(names[0])
     machine.check_invariants_full()
-    cached = machine.state().cached
-    assert set(cached) == {1, 2}, cached
-    before = ArSpecMachine(CONFIG)
-    for e in a_converses({})[:-2]:
-        before.apply(e)
-    # block 2's key changed with the names, block 1's (the prompt's) did not
-    assert before.state().cached[1] == cached[1] and before.state().cached[2] != cached[2]
+    assert machine.state().cached[2] != private
+
+
+def test_blocks_freed_before_the_names_are_keyed_afresh_too() -> None:
+    """a, finishing, frees its blocks before the log names its last output (the update phase
+    allows either order): with lookahead keys block 2's covers that output, and the freed
+    block, still cached, is keyed by it all the same."""
+    names = dict(EACH_STEP)
+    del names[4]
+    events = a_converses(names)
+    events.insert(-1, ArOutputTokens("a", OUTPUTS[4:]))  # after the frees, before the finish
+    whole = [*events, *b_continues(PROMPT + OUTPUTS, (1, 2))]
+    assert verdict(whole, CONFIG, AHEAD) == ("", "")
+    unnamed = [*a_converses(names), *b_continues(PROMPT + OUTPUTS, (1, 2))]
+    rule, message = verdict(unnamed, CONFIG, AHEAD)
+    assert rule == "cache_hit_cached", message
 
 
 def test_lookahead_keys_of_the_block_before_the_outputs_take_the_named_id() -> None:
@@ -128,10 +162,8 @@ def test_lookahead_keys_of_the_block_before_the_outputs_take_the_named_id() -> N
     step 0 sampled it, still private): named later, it is keyed by its id, and a next turn
     whose prompt ends one token into the outputs hits block 1."""
     talk = PROMPT + OUTPUTS[:1]
-    late = {2: OUTPUTS[:3], 3: OUTPUTS[3:4], 4: OUTPUTS[4:]}
-    for names in (EACH_STEP, late):
-        events = [*a_converses(names), *b_continues(talk, (1,))]
-        assert verdict(events, CONFIG, AHEAD) == ("", ""), names
+    events = [*a_converses(EACH_STEP), *b_continues(talk, (1,))]
+    assert verdict(events, CONFIG, AHEAD) == ("", "")
     rule, message = verdict([*a_converses({}), *b_continues(talk, (1,))], CONFIG, AHEAD)
     assert rule == "cache_hit_cached", message
     # block 2's key covers output 5 too: named, the next turn that continues all of them hits
@@ -146,12 +178,22 @@ def test_lookahead_keys_of_the_block_before_the_outputs_take_the_named_id() -> N
         (  # step 0 produced one output; the log names two
             [*a_converses({})[:4], ArOutputTokens("a", (101, 102))],
             "output_tokens",
-            "names the ids of outputs 1..2 but has produced 1",
+            "names the id of its output 1..2 but has produced 1",
         ),
         (  # named again past what it produced
             [*a_converses(EACH_STEP)[:9], ArOutputTokens("a", (102,))],
             "output_tokens",
-            "names the ids of outputs 3..3 but has produced 2",
+            "names the id of its output 3 but has produced 2",
+        ),
+        (  # named a step late
+            [*a_converses({})[:7], ArOutputTokens("a", OUTPUTS[:2])],
+            "output_tokens",
+            "names the id of its output 1..2, produced in an earlier step (2 outputs, 0 named)",
+        ),
+        (  # output 2 named after step 2, which produced output 3
+            [*a_converses({0: OUTPUTS[:1]})[:10], ArOutputTokens("a", OUTPUTS[1:2])],
+            "output_tokens",
+            "produced in an earlier step (3 outputs, 1 named)",
         ),
         (  # inside step 1's schedule phase
             [*a_converses({})[:5], ArOutputTokens("a", (101,))],
@@ -198,43 +240,68 @@ def test_without_prefix_caching_names_are_checked_and_change_nothing() -> None:
     assert rule == "output_tokens", message
 
 
-def test_continuations_finds_a_prompt_that_continues_named_outputs() -> None:
-    """The twin's guard: a prompt continuing a's prompt into its first named output."""
-    seen = Continuations()
+def test_named_output_hits_finds_a_hit_on_another_requests_outputs() -> None:
+    """The twin's guard: a hit reaching past a's prompt into its first named output, by a
+    request whose tokens (prompt, then its own named outputs) continue them."""
+    seen = NamedOutputHits(block_size=4)
     seen.submitted(ArSubmitted("a", 4, 5, prompt=PROMPT))
     seen.submitted(ArSubmitted("u", 4, 5))  # no prompt ids: shares nothing
     seen.named(ArOutputTokens("u", (101,)))
-    assert seen.continued_by(ArSubmitted("b", 6, 1, prompt=(*PROMPT, 101, 7))) is None
     seen.named(ArOutputTokens("a", OUTPUTS[:2]))
     seen.named(ArOutputTokens("a", OUTPUTS[2:]))  # only the first output counts
-    for prompt, continued in [
-        ((*PROMPT, 101), "a"),
-        ((*PROMPT, 101, 102, 7), "a"),
-        ((*PROMPT, 7), None),  # the prompt only: no output continued
-        ((*PROMPT,), None),
-        ((9, 2, 3, 4, 101), None),
-        ((101,), None),
-    ]:
-        assert seen.continued_by(ArSubmitted("b", len(prompt), 1, prompt=prompt)) == continued
+    for n, (prompt, hit, covered) in enumerate(
+        [
+            ((*PROMPT, *OUTPUTS[:4], 7), (1, 2), "a"),
+            ((*PROMPT, *OUTPUTS[:4], 7), (1,), None),  # the prompt's block only
+            ((*PROMPT, 101, 7, 7, 7, 7), (1, 2), "a"),
+            ((*PROMPT, 7, 7, 7, 7, 7), (1, 2), None),  # the prompt, then its own tokens
+            ((9, 2, 3, 4, 101, 102, 103, 104, 7), (1, 2), None),
+        ]
+    ):
+        rid = f"b{n}"
+        seen.submitted(ArSubmitted(rid, len(prompt), 1, prompt=prompt))
+        assert seen.covered_by(ArCacheHit(rid, hit)) == covered, (prompt, hit)
+    # a's own hit (a preempted request taking back its blocks) is no other's
+    assert seen.covered_by(ArCacheHit("a", (1, 2))) is None
+    # with lookahead keys the block before the outputs covers the first of them
+    ahead = NamedOutputHits(block_size=4, hash_lookahead_tokens=1)
+    ahead.submitted(ArSubmitted("a", 4, 5, prompt=PROMPT))
+    ahead.named(ArOutputTokens("a", OUTPUTS[:1]))
+    ahead.submitted(ArSubmitted("b", 6, 1, prompt=(*PROMPT, 101, 7)))
+    assert ahead.covered_by(ArCacheHit("b", (1,))) == "a"
+    # a request whose own named output equals a's, taking a's block after a preemption
+    same = NamedOutputHits(block_size=4)
+    for rid in ("a", "c"):
+        same.submitted(ArSubmitted(rid, 4, 5, prompt=PROMPT))
+        same.named(ArOutputTokens(rid, OUTPUTS[:4]))
+    assert same.covered_by(ArCacheHit("c", (1, 2))) == "a"
 
 
-def test_no_twin_replays_a_next_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("submitted", ["after a's names", "before a's names"])
+def test_no_twin_replays_a_hit_on_named_outputs(
+    submitted: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A twin samples outputs of its own, which no prompt continues: `--twin` exits 2 with one
-    line on a log whose prompt continues named outputs, and replays a log that only names
+    line on a log whose hit takes another request's named outputs, however early the hitting
+    request was submitted (it waits here for the only seat), and replays a log that only names
     them."""
-    talk = PROMPT + OUTPUTS[:4]
-    events = [*a_converses(EACH_STEP), *b_continues(talk, (1, 2))]
-    with pytest.raises(CannotDrive, match="'b''s prompt continues 'a''s prompt and outputs"):
-        operations(events)
+    one_seat = CONFIG.replace(max_num_seqs=1)
+    a_run = a_converses(EACH_STEP)
+    b = b_continues(PROMPT + OUTPUTS[:4], (1, 2))
+    events = (
+        [*a_run, *b] if submitted == "after a's names" else [a_run[0], b[0], *a_run[1:], *b[1:]]
+    )
+    assert verdict(events, one_seat) == ("", "")
+    says = "the cache hit of 'b' takes blocks holding outputs of 'a'"
+    with pytest.raises(CannotDrive, match=says):
+        operations(events, None, one_seat)
     log = tmp_path / "next_turn.jsonl"
-    log.write_text("".join(log_of(events, CONFIG)))
-    assert main(["check-trace", str(log)]) == 0
-    capsys.readouterr()
+    log.write_text("".join(log_of(events, one_seat)))
     assert main(["check-trace", str(log), "--twin", "vllm-v1-prefix"]) == 2
     out, err = capsys.readouterr()
     assert "OK" not in out, out
-    assert "continues 'a''s prompt and outputs" in err, err
+    assert says in err, err
     assert len(err.strip().splitlines()) == 1, err
     alone = tmp_path / "named.jsonl"
-    alone.write_text("".join(log_of(a_converses(EACH_STEP), CONFIG)))
+    alone.write_text("".join(log_of(a_converses(EACH_STEP), one_seat)))
     assert main(["check-trace", str(alone), "--twin", "vllm-v1-prefix"]) == 0

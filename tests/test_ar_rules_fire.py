@@ -129,6 +129,20 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
         [*STEP_0, ArOutputTokens("a", (7, 8))],
         CFG,
     ),
+    "cache_hit_longest": (
+        # a's prompt block (1) stays cached; b, whose prompt starts with it, takes no hit
+        [
+            ArSubmitted("a", 5, 1, prompt=(1, 2, 3, 4, 5)),
+            ArBlocksAllocated("a", (1, 2)),
+            ArScheduled("a", 5),
+            ArStepEnd(0),
+            ArBlocksFreed("a", (1, 2)),
+            ArFinished("a", ArFinishReason.LENGTH),
+            ArSubmitted("b", 5, 1, prompt=(1, 2, 3, 4, 6)),
+            ArBlocksAllocated("b", (3, 4)),
+        ],
+        CACHING,
+    ),
     "static_batch": (
         # b is admitted while a, of the batch of step 0, still runs
         [*STEP_0, ArSubmitted("b", 4, 2), ArBlocksAllocated("b", (2,)), ArScheduled("b", 4)],
@@ -136,7 +150,10 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
     ),
 }
 # the rules of CASES that hold only under a declared policy option
-POLICIES: dict[str, ArPolicy] = {"static_batch": STATIC}
+POLICIES: dict[str, ArPolicy] = {
+    "static_batch": STATIC,
+    "cache_hit_longest": ArPolicy(longest_cache_hit=True),
+}
 
 
 def _snapshot(free: frozenset[int], waiting: tuple[str, ...]) -> ArSnapshot:

@@ -22,6 +22,20 @@ def under_allocate(sched: Any) -> None:
     manager.allocate_slots = allocate
 
 
+def hit_bound_a_block_short(sched: Any) -> None:
+    """Seeded bug: the prefix-cache lookup bounds a hit one block below what the request may
+    read, so a hit misses its last cached block (and a one-block hit misses altogether)."""
+    coordinator = sched.kv_cache_manager.coordinator
+    original = coordinator.find_longest_cache_hit
+    block_size = sched.block_size
+
+    def find(block_hashes: Any, max_cache_hit_length: int, *args: Any, **kwargs: Any) -> Any:
+        shorter = max(0, max_cache_hit_length - block_size)
+        return original(block_hashes, shorter, *args, **kwargs)
+
+    coordinator.find_longest_cache_hit = find
+
+
 def extra_seat(sched: Any) -> None:
     """Seeded bug: one more request may run than max_num_seqs allows."""
     sched.max_num_active_reqs += 1

@@ -109,7 +109,9 @@ REAL_VLLM_PREFIX_PROFILE = ArProfile(
         prefix_caching=frozenset({True}),
         cache_read_limits=VLLM_CACHE_READ_LIMITS,
     ),
-    policy=VLLM_POLICY,
+    # the adapter's requests carry no cache salt, LoRA adapter or multimodal input: vLLM's
+    # blocks hash by their tokens alone, and its lookup takes the longest cached prefix
+    policy=dataclasses.replace(VLLM_POLICY, longest_cache_hit=True),
 )
 
 

@@ -302,15 +302,47 @@ def _loggable_drafter(scheduler: Any, spec: Any) -> None:
         )
 
 
+#: The request fields that put a vLLM request's block hashes apart from the same tokens' (its
+#: extra hash keys, or hashes of embeddings), with the value each must have under
+#: `longest_cache_hit`.
+HASHED_APART = {
+    "cache_salt": "None",
+    "lora_request": "None",
+    "mm_features": "empty",
+    "prompt_embeds": "None",
+}
+
+
+def hashed_apart(request: Any) -> dict[str, object]:
+    """The fields of `HASHED_APART` that vLLM request `request` sets (a tensor of embeddings is
+    set whatever it holds; a list of features, when not empty)."""
+    found: dict[str, object] = {}
+    for name in HASHED_APART:
+        value = getattr(request, name, None)
+        if value is not None and not (isinstance(value, list | tuple) and not value):
+            found[name] = value
+    return found
+
+
 class VllmEventLog:
     """Writes the decisions of one live vLLM scheduler as an AR event log (see the module)."""
 
-    def __init__(self, scheduler: Any, write: Callable[[str], object]) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        write: Callable[[str], object],
+        *,
+        longest_cache_hit: bool = False,
+    ) -> None:
         self._v = load_vllm()
         loggable(scheduler, self._v)
         self.scheduler = scheduler
         self.config: ArConfig = ar_config_of(scheduler)
         self.policy: ArPolicy = declared_policy(self.config, scheduler)
+        if longest_cache_hit and self.config.enable_prefix_caching:
+            # every hit must be vLLM's longest: requests whose hashes carry more than their
+            # tokens are refused (`_add_request`)
+            self.policy = dataclasses.replace(self.policy, longest_cache_hit=True)
         self._write = write
         self._prefix = self.config.enable_prefix_caching
         self._step = 0
@@ -353,6 +385,15 @@ class VllmEventLog:
                 "False while an AR event log is attached: a streaming-input session keeps its "
                 "KV between turns and re-adds its request id each turn, which the AR events do "
                 "not describe (detach the log to serve sessions)",
+            )
+        apart = hashed_apart(request) if self.policy.longest_cache_hit else {}
+        for name, value in apart.items():  # the first refuses it
+            raise ConfigError(
+                name,
+                value,
+                f"{HASHED_APART[name]} while the log declares longest_cache_hit: vLLM hashes "
+                "such a request's blocks apart from the same tokens', which the AR events do "
+                "not describe (attach the log without longest_cache_hit to log it)",
             )
         result = self._calls["add_request"](request, *args, **kwargs)
         prompt = tuple(int(t) for t in request.prompt_token_ids or ())

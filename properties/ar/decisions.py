@@ -25,6 +25,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import first_difference, step_decisions
 from spec.ar.events import (
     ArAborted,
+    ArCacheHit,
     ArEvent,
     ArOutputTokens,
     ArPauseSet,
@@ -38,33 +39,39 @@ from spec.errors import CannotDrive, ConfigError
 
 
 def operations(
-    events: Sequence[ArEvent], sampled_stops: Mapping[str, int] | None = None
+    events: Sequence[ArEvent],
+    sampled_stops: Mapping[str, int] | None = None,
+    config: ArConfig | None = None,
+    policy: ArPolicy | None = None,
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
     `ArAborted`, a step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's
-    preemption or draft tokens, which no twin replays, and at a prompt that continues another
-    request's named outputs: `Continuations`). A rejected submission or an abort that
-    changed nothing left no event and changes nothing; a drain shows as the steps it ran. A request
-    whose stop the log's engine sampled (`stop_sampled`) is scripted to stop where it did: its
-    outputs at that finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off
-    the log)."""
+    preemption or draft tokens, which no twin replays, and, given the log's `config` and
+    `policy`, at a cache hit on another request's named outputs: `NamedOutputHits`). A
+    rejected submission or an abort that changed nothing left no event and changes nothing; a
+    drain shows as the steps it ran. A request whose stop the log's engine sampled
+    (`stop_sampled`) is scripted to stop where it did: its outputs at that finish,
+    `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off the log)."""
     stops = sampled_stops or {}
     ops: list[ArOp] = []
     submitted = 0
-    continuations = Continuations()
+    ahead = policy.hash_lookahead_tokens if policy is not None else 0
+    hits = NamedOutputHits(config.block_size, ahead) if config is not None else None
     for e in events:
-        if isinstance(e, ArOutputTokens):
-            continuations.named(e)
+        if isinstance(e, ArOutputTokens) and hits is not None:
+            hits.named(e)
+        earlier = hits.covered_by(e) if isinstance(e, ArCacheHit) and hits else None
+        if isinstance(e, ArCacheHit) and earlier is not None:
+            raise CannotDrive(
+                f"the cache hit of {e.request_id!r} takes blocks holding outputs of {earlier!r}, "
+                "whose ids the log names (a conversation's next turn): a twin samples outputs "
+                "of its own, which no prompt continues, so it could not hit them. Check the "
+                "log without --twin"
+            )
         if isinstance(e, ArSubmitted):
-            if (earlier := continuations.continued_by(e)) is not None:
-                raise CannotDrive(
-                    f"{e.request_id!r}'s prompt continues {earlier!r}'s prompt and outputs (a "
-                    "conversation's next turn), whose ids the log names: a twin samples outputs "
-                    "of its own, which no prompt continues, so its hits would differ. Check the "
-                    "log without --twin"
-                )
-            continuations.submitted(e)
+            if hits is not None:
+                hits.submitted(e)
             request = ArRequest(
                 e.request_id,
                 e.prompt_len,
@@ -96,22 +103,27 @@ def operations(
     return ops
 
 
-class Continuations:
-    """Which submitted prompt continues an earlier request's prompt into its first named output
-    (`ArOutputTokens`): its prompt then that output, as its first tokens. Each request's
-    prompt and first output is kept as a rolling hash per length, so a prompt is tested in
-    time linear in its length, however many requests came before (a hash match is then
-    compared token by token)."""
+class NamedOutputHits:
+    """Which cache hit covers another request's named outputs (`ArOutputTokens`): a hit whose
+    blocks, with the `hash_lookahead_tokens` after them, reach past an earlier request's
+    prompt into its first named output, the hitting request's tokens (its prompt, then its own
+    named outputs) starting with that prompt and output. A twin's outputs are private to their
+    requests, so it could take no such hit. Each request's prompt and first named output is
+    kept as a rolling hash per length: a hit is tested in time linear in its length however
+    many requests came before (a hash match is then compared token by token)."""
 
     _MOD = (1 << 61) - 1
     _BASE = 1_000_003
 
-    def __init__(self) -> None:
-        self._prompts: dict[str, tuple[int, ...]] = {}
+    def __init__(self, block_size: int, hash_lookahead_tokens: int = 0) -> None:
+        self._block_size = block_size
+        self._ahead = hash_lookahead_tokens
+        self._tokens: dict[str, list[int]] = {}  # per request with prompt ids: them, its outputs
+        self._prompt_len: dict[str, int] = {}
         # length -> rolling hash of (prompt, first output) -> (request, those tokens)
         self._starts: dict[int, dict[int, tuple[str, tuple[int, ...]]]] = {}
 
-    def _hashes(self, tokens: tuple[int, ...]) -> list[int]:
+    def _hashes(self, tokens: Sequence[int]) -> list[int]:
         """The rolling hash of every prefix of `tokens` (index i: the first i + 1)."""
         h, out = 0, []
         for t in tokens:
@@ -122,24 +134,31 @@ class Continuations:
     def submitted(self, e: ArSubmitted) -> None:
         """Keep the prompt of `e` (a request without prompt ids shares nothing)."""
         if e.prompt is not None:
-            self._prompts[e.request_id] = e.prompt
+            self._tokens[e.request_id] = list(e.prompt)
+            self._prompt_len[e.request_id] = len(e.prompt)
 
     def named(self, e: ArOutputTokens) -> None:
-        """Its request's first output named: keep its prompt and that output."""
-        if not e.tokens or (prompt := self._prompts.pop(e.request_id, None)) is None:
+        """Keep the outputs named; at its first, its prompt and that output."""
+        tokens = self._tokens.get(e.request_id)
+        if tokens is None or not e.tokens:
             return
-        start = (*prompt, e.tokens[0])
-        self._starts.setdefault(len(start), {})[self._hashes(start)[-1]] = (e.request_id, start)
+        if len(tokens) == self._prompt_len[e.request_id]:
+            start = (*tokens, e.tokens[0])
+            # the first request with this start stands for all (another's hit is on its blocks)
+            by_hash = self._starts.setdefault(len(start), {})
+            by_hash.setdefault(self._hashes(start)[-1], (e.request_id, start))
+        tokens.extend(e.tokens)
 
-    def continued_by(self, e: ArSubmitted) -> str | None:
-        """The earlier request whose prompt and first named output `e`'s prompt starts with,
-        if any."""
-        if e.prompt is None or not self._starts:
+    def covered_by(self, e: ArCacheHit) -> str | None:
+        """The other request whose prompt and first named output the hit `e` covers, if any."""
+        tokens = self._tokens.get(e.request_id)
+        if tokens is None or not self._starts:
             return None
-        hashes = self._hashes(e.prompt)
+        within = min(len(e.blocks) * self._block_size + self._ahead, len(tokens))
+        hashes = self._hashes(tokens[:within])
         for length, starts in self._starts.items():
-            hit = starts.get(hashes[length - 1]) if length <= len(e.prompt) else None
-            if hit is not None and e.prompt[:length] == hit[1]:
+            hit = starts.get(hashes[length - 1]) if length <= within else None
+            if hit is not None and hit[0] != e.request_id and tuple(tokens[:length]) == hit[1]:
                 return hit[0]
         return None
 
@@ -209,4 +228,4 @@ def twin_difference(
     return f"{difference or 'no decision differed'}{stopped}"
 
 
-__all__ = ["Continuations", "apply_ar_ops", "operations", "twin_difference", "twin_harness"]
+__all__ = ["NamedOutputHits", "apply_ar_ops", "operations", "twin_difference", "twin_harness"]

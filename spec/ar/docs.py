@@ -73,16 +73,21 @@ hit takes cached blocks holding the request's own prefix, whole blocks, at most 
 tokens less one, and its computed tokens jump by the hit. A free cached block stays cached
 until it is allocated afresh (which evicts it) or evicted (`ArCacheEvicted`, unreferenced blocks
 only). Requests carry their prompt token ids (`ArRequest.prompt`) for this, and a log names
-its requests' output token ids (`ArOutputTokens`, between steps, after the step that produced
+its requests' output token ids (`ArOutputTokens`, in the update phase of the step that produced
 them): a named output keys the blocks holding it as a prompt token does, so a prompt that
 continues another request's prompt and outputs (a conversation's next turn) hits them, as in
 vLLM. An output no event names is private to its request; a block cached while its outputs
-were private is keyed afresh when they are named (before the next step, no other request can
+were private (EAGLE's lookahead publication at the step end, a verification's accepted drafts)
+is keyed afresh when they are named, held or freed (before the next step, no other request can
 have hit it). Where the engine declares `hash_lookahead_tokens` = L (vLLM with an EAGLE
 drafter), a block's key also covers the L tokens after it: it is cached only once they are
 known (a last prompt block once its first output is sampled), and a hit takes it only where the
 request's own next L tokens match too; the block just before a request's outputs is keyed by
-the first of them once named.
+the first of them once named. The check asks only that a hit be cached content within those
+bounds; where the engine declares `longest_cache_hit` (vLLM's lookup over one full-attention
+group, blocks hashed by their tokens alone) a request admitted from the queue must also take
+the longest run of cached blocks holding its prefix (rule `cache_hit_longest`: a prefix cache
+that missed).
 """
 
 

@@ -187,13 +187,14 @@ class ArDraftsVerified:
 
 @dataclass(frozen=True, slots=True)
 class ArOutputTokens:
-    """Between steps: the token ids of the request's next `len(tokens)` outputs, in order,
-    after those earlier `ArOutputTokens` of it named (so a log names each output once, as its
-    step, and its `ArDraftsVerified`, produced it). Optional: an output no event names is
-    private to its request. A named output keys the prefix-cache blocks holding it (and, with
-    `ArPolicy.hash_lookahead_tokens`, the blocks before it) by its id, as a prompt token is:
-    a later request whose prompt continues the request's prompt and outputs (a conversation's
-    next turn) may then hit those blocks, as vLLM's hits do."""
+    """In the update phase of the step that produced them (after its `ArDraftsVerified`): the
+    token ids of the request's next `len(tokens)` outputs, in order, after those earlier
+    `ArOutputTokens` of it named (a log names each output once, in its step's update phase, or
+    never). Optional: an output no event names is private to its request. A named output
+    keys the prefix-cache blocks holding it (and, with `ArPolicy.hash_lookahead_tokens`, the
+    blocks before it) by its id, as a prompt token is: a later request whose prompt continues
+    the request's prompt and outputs (a conversation's next turn) may then hit those blocks,
+    as vLLM's hits do."""
 
     kind: ClassVar[str] = "ar_output_tokens"
     request_id: str

@@ -119,6 +119,12 @@ class _Req:
     drafts: int = 0
     # the ids of its first outputs, as `ArOutputTokens` named them (the rest are private)
     output_ids: list[int] = field(default_factory=list)
+    # its outputs before the last step that scheduled it (the update phase after that step
+    # may name those after them, not these)
+    outputs_before_step: int = 0
+    # block index k -> the blocks it cached there under a key covering an output not named
+    # yet: keyed afresh when it is named, held still or not (freed, they stay cached)
+    private_keyed: dict[int, set[int]] = field(default_factory=dict)
 
     @property
     def known(self) -> int:
@@ -201,6 +207,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._running: list[str] = []
         self._holders: dict[int, set[str]] = {}  # referenced blocks -> holders
         self._cache: dict[int, int] = {}  # cached blocks -> content key
+        # content key -> the blocks cached under it (`_cache` inverted: the longest hit)
+        self._cached_as: dict[int, set[int]] = {}
         self._key_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
         # (prefix key, the tokens after it) -> key, under `ArPolicy.hash_lookahead_tokens`
         self._ahead_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
@@ -374,6 +382,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             )
         self._dirty_blocks.update(self._cache)
         self._cache.clear()
+        self._cached_as.clear()
         self._unwritten.clear()
         self._reset_pending.clear()
 
@@ -581,12 +590,59 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
     def _register_cached(self, r: _Req, upto_tokens: int) -> None:
         """Full blocks of `r` within its first `upto_tokens` tokens become cached."""
-        full = min(min(upto_tokens, r.known) // self.config.block_size, self._hashable(r))
+        bs, ahead = self.config.block_size, self.policy.hash_lookahead_tokens
+        full = min(min(upto_tokens, r.known) // bs, self._hashable(r))
+        named_upto = r.prompt_len + len(r.output_ids)
         for k in range(r.cached_upto, min(full, len(r.blocks))):
-            self._cache[r.blocks[k]] = self._key(r, k)
-            self._unwritten.pop(r.blocks[k], None)
-            self._dirty_blocks.add(r.blocks[k])
+            b = r.blocks[k]
+            self._cache_put(b, self._key(r, k))
+            self._unwritten.pop(b, None)
+            self._dirty_blocks.add(b)
+            if (k + 1) * bs + ahead > named_upto:  # its key covers an output not named yet
+                r.private_keyed.setdefault(k, set()).add(b)
         r.cached_upto = max(r.cached_upto, min(full, len(r.blocks)))
+
+    def _cache_put(self, b: int, key: int) -> None:
+        """Block `b` caches the content `key` (whatever it cached before is gone)."""
+        self._cache_drop(b)
+        self._cache[b] = key
+        self._cached_as.setdefault(key, set()).add(b)
+
+    def _cache_drop(self, b: int) -> None:
+        """Block `b` caches nothing (a no-op where it cached nothing)."""
+        key = self._cache.pop(b, None)
+        if key is not None:
+            blocks = self._cached_as[key]
+            blocks.discard(b)
+            if not blocks:
+                del self._cached_as[key]
+
+    def _longest_hit(self, r: _Req) -> list[int]:
+        """For each leading block of `r`'s prefix, while one is cached, a block caching it:
+        the longest hit within what `r` may read (`readable`; past `_hashable` no key
+        matches)."""
+        found: list[int] = []
+        most = r.readable // self.config.block_size
+        while len(found) < most and (blocks := self._cached_as.get(self._key(r, len(found)))):
+            found.append(min(blocks))
+        return found
+
+    def _check_longest_hit(self, r: _Req, taken: int, e: ArEvent) -> None:
+        """`cache_hit_longest` (declared): `r`, admitted from the queue, takes `taken` cached
+        blocks; the cache held its first `len(_longest_hit(r))`."""
+        if not (self.policy.longest_cache_hit and self.config.enable_prefix_caching):
+            return
+        longest = self._longest_hit(r)
+        if taken < len(longest):
+            took = f"a hit of {taken} block(s)" if taken else "no cache hit"
+            raise self._fail(
+                ArRule.CACHE_HIT_LONGEST,
+                f"{r.request_id!r} was admitted with {took}, but the cache held its first "
+                f"{len(longest)} prefix block(s) (blocks {longest}, within the "
+                f"{r.readable} tokens it may read): an admission takes the longest cached "
+                "prefix (longest_cache_hit)",
+                e,
+            )
 
     def _uncache_unwritten(self, r: _Req, why: str = "it was preempted in that step") -> None:
         """`r` was scheduled in this step and left its batch (`why`: preempted, or its blocks
@@ -596,7 +652,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         for k in range(r.num_computed // bs, r.cached_upto):
             b = r.blocks[k]
             if self._cache.get(b) == self._key(r, k):
-                del self._cache[b]
+                self._cache_drop(b)
                 tokens = f"token {k}" if bs == 1 else f"tokens {k * bs}..{(k + 1) * bs - 1}"
                 self._unwritten[b] = (
                     f"prefix block {k} of {r.request_id!r} ({tokens}), cached when "
@@ -758,6 +814,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     ),
                     e,
                 )
+        self._check_longest_hit(r, len(e.blocks), e)
         for b in e.blocks:
             self._holders.setdefault(b, set()).add(r.request_id)
             self._dirty_blocks.add(b)
@@ -789,7 +846,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     e,
                 )
         for b in e.blocks:
-            del self._cache[b]
+            self._cache_drop(b)
             self._dirty_blocks.add(b)
 
     def _blocks_allocated(self, e: ArBlocksAllocated) -> None:
@@ -802,6 +859,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._check_not_released(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
             raise self._fail(ArRule.KV_EXCLUSIVE, f"blocks {list(e.blocks)} empty or repeated", e)
+        if r.phase in AR_QUEUED_PHASES and not r.blocks:
+            self._check_longest_hit(r, 0, e)  # admitted with no hit
         for b in e.blocks:
             if not 0 <= b < cfg.num_blocks:
                 raise self._fail(
@@ -825,7 +884,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             )
         for b in e.blocks:
             self._holders[b] = {r.request_id}
-            self._cache.pop(b, None)  # a fresh allocation evicts what the block cached
+            self._cache_drop(b)  # a fresh allocation evicts what the block cached
             self._unwritten.pop(b, None)
             r.blocks.append(b)
             self._dirty_blocks.add(b)
@@ -1344,6 +1403,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     e,
                 )
             drafts = st.drafts.get(rid, 0)
+            r.outputs_before_step = r.num_output
             r.num_computed += n
             r.attained += n - drafts  # the drafts count once verified, those accepted
             if r.num_computed - drafts == r.known:
@@ -1563,16 +1623,20 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._touch(r)
 
     def _output_tokens(self, e: ArOutputTokens) -> None:
-        """`output_tokens`: between steps, the ids of outputs the request produced that no
-        earlier event named. The blocks whose keys cover them, registered while they were
-        private to the request (none another request could hit), are keyed by them now."""
+        """`output_tokens`: in the update phase of the step that produced them (after its
+        `ArDraftsVerified`), the ids of the request's outputs that no earlier event named. The
+        blocks it cached under keys covering them while they were private (the step end's
+        lookahead publication, the verification's registration; none another request could
+        hit) are keyed by them now, held still or freed."""
         r = self._active(e.request_id, e)
         rid, named, tokens = r.request_id, len(r.output_ids), e.tokens
+        last = self._step.index - 1  # the step that just ended
+        which = f"output {named + 1}" + (f"..{named + len(tokens)}" if len(tokens) > 1 else "")
         if self._step.in_schedule_phase:
             raise self._fail(
                 ArRule.OUTPUT_TOKENS,
-                f"{rid!r}'s output ids named inside step {self._step.index}'s schedule phase: "
-                "they follow the step that produced them, before the next is scheduled",
+                f"{rid!r}'s {which} named inside step {self._step.index}'s schedule phase: a "
+                "step's outputs are named in its update phase, before the next is scheduled",
                 e,
             )
         bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int)]
@@ -1580,28 +1644,45 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             raise self._fail(
                 ArRule.OUTPUT_TOKENS, f"{rid!r}'s output ids {bad} are not integers", e
             )
+        if r.drafts:
+            raise self._fail(
+                ArRule.OUTPUT_TOKENS,
+                f"{rid!r}'s {which} named before its {r.drafts} draft(s) of step {last} were "
+                "verified: the accepted drafts are outputs too, named after ar_drafts_verified",
+                e,
+            )
         if named + len(tokens) > r.num_output:
             raise self._fail(
                 ArRule.OUTPUT_TOKENS,
-                f"{rid!r} names the ids of outputs {named + 1}..{named + len(tokens)} but has "
-                f"produced {r.num_output} (named so far: {named}; an output's id follows the "
-                "step, and the ar_drafts_verified, that produced it, and is named once)",
+                f"{rid!r} names the id of its {which} but has produced {r.num_output} (named "
+                f"so far: {named}; each output is named once)",
                 e,
             )
-        if not self.config.enable_prefix_caching or not tokens:
-            r.output_ids.extend(tokens)
-            return
+        if tokens and (r.output_step != last or named < r.outputs_before_step):
+            produced = (
+                f"step {r.output_step}" if named >= r.outputs_before_step else "an earlier step"
+            )
+            raise self._fail(
+                ArRule.OUTPUT_TOKENS,
+                f"{rid!r} names the id of its {which}, produced in {produced} ({r.num_output} "
+                f"outputs, {named} named): a step's outputs are named in its update phase "
+                f"(after step {last} here), or never",
+                e,
+            )
         first = r.prompt_len + named  # the first token whose id is new
-        lowest = max(0, first - self.policy.hash_lookahead_tokens) // self.config.block_size
-        blocks = range(lowest, r.cached_upto)
-        before = [self._key(r, k) for k in blocks]
+        before = {k: self._key(r, k) for k in r.private_keyed}
         r.output_ids.extend(tokens)
         del r.keys[first // self.config.block_size :]
-        for k, old in zip(blocks, before, strict=True):
-            b = r.blocks[k]
-            if self._cache.get(b) == old:
-                self._cache[b] = self._key(r, k)
-                self._dirty_blocks.add(b)
+        named_upto = r.prompt_len + len(r.output_ids)
+        bs, ahead = self.config.block_size, self.policy.hash_lookahead_tokens
+        for k, blocks in list(r.private_keyed.items()):
+            new = self._key(r, k)
+            for b in blocks:
+                if self._cache.get(b) == before[k]:
+                    self._cache_put(b, new)
+                    self._dirty_blocks.add(b)
+            if (k + 1) * bs + ahead <= named_upto:
+                del r.private_keyed[k]
         self._touch(r)
 
     def _finished(self, e: ArFinished) -> None:

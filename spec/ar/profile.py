@@ -254,6 +254,11 @@ class ArPolicy:
         the request's own L tokens after it match too, and so only blocks within its known
         tokens less L; the cache-aware order ranks hits so. Rules `cache_hit_cached`,
         `cache_hit_bounded`, `fcfs_admission`.
+    longest_cache_hit: with prefix caching, a request admitted from the queue takes the longest
+        run of cached blocks holding its prefix, within what it may read (vLLM's
+        `find_longest_cache_hit` over one full-attention group, blocks hashed by their tokens
+        alone: no cache salt, LoRA adapter or multimodal input in any request). Rule
+        `cache_hit_longest`: a hit shorter than that (or none) is a prefix cache that missed.
     """
 
     rules: ArRules | None = None
@@ -269,6 +274,7 @@ class ArPolicy:
     cache_aware_window: int = 0
     cache_aware_threshold: float = 0.5
     hash_lookahead_tokens: int = 0
+    longest_cache_hit: bool = False
 
     def __post_init__(self) -> None:
         if self.rules is not None and not isinstance(self.rules, ArRules):
@@ -283,6 +289,7 @@ class ArPolicy:
             "full_sequence_admission",
             "watermark_of_pool",
             "watermark_beside_running",
+            "longest_cache_hit",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ProfileError(f"policy.{name}", getattr(self, name), "True or False")

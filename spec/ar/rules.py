@@ -43,6 +43,7 @@ class ArRule(StrEnum):
     CACHE_HIT_ENABLED = "cache_hit_enabled"
     CACHE_HIT_CACHED = "cache_hit_cached"
     CACHE_HIT_BOUNDED = "cache_hit_bounded"
+    CACHE_HIT_LONGEST = "cache_hit_longest"
     EVICT_UNREFERENCED_ONLY = "evict_unreferenced_only"
     REFCOUNT_MATCHES = "refcount_matches"
     FREE_OWNED_ONLY = "free_owned_only"
@@ -127,11 +128,13 @@ _AR_RULES: dict[ArRule, str] = {
     "model accepted: at most those drafts, never past max_tokens or the scripted end token. "
     "They are its next outputs, after the token the step sampled (cached like any computed "
     "token); the rejected ones are no longer computed, and their blocks stay held.",
-    ArRule.OUTPUT_TOKENS: "An `ar_output_tokens` event (optional) names, between steps, the "
-    "integer ids of outputs its request produced that no earlier one named, in order: never "
-    "more than it has produced (after the step's `ar_drafts_verified`). A named output keys "
-    "the prefix-cache blocks holding it, and under hash_lookahead_tokens the blocks before it, "
-    "by its id, as a prompt token does; an output never named is private to its request.",
+    ArRule.OUTPUT_TOKENS: "An `ar_output_tokens` event (optional) names the integer ids of "
+    "outputs its request produced that no earlier one named, in order, in the update phase of "
+    "the step that produced them (after its `ar_drafts_verified`, before the next step is "
+    "scheduled): never more than it has produced, never an output of an earlier step. A named "
+    "output keys the prefix-cache blocks holding it, and under hash_lookahead_tokens the "
+    "blocks before it, by its id, as a prompt token does (blocks cached while it was private "
+    "are keyed afresh, held or freed); an output never named is private to its request.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
@@ -167,6 +170,10 @@ _AR_RULES: dict[ArRule, str] = {
     "last token is always computed, to sample from), whole blocks within its known tokens less "
     "L under hash_lookahead_tokens = L, and at most its cache_read_limit (0: it "
     "skips reading the cache; s: its prompt is scored from row s on).",
+    ArRule.CACHE_HIT_LONGEST: "Where the engine declares longest_cache_hit (vLLM's lookup over "
+    "one full-attention group): a request admitted from the queue takes the longest run of "
+    "cached blocks holding its prefix that cache_hit_bounded allows, checked before its own "
+    "allocation; a shorter hit, or none, is a prefix cache that missed.",
     ArRule.EVICT_UNREFERENCED_ONLY: "Only cached blocks that no request references are evicted.",
     ArRule.REFCOUNT_MATCHES: "Between steps the implementation's reference count of every block "
     "equals the number of requests holding it (no reference leaked or lost).",
