@@ -27,7 +27,13 @@ from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import EngineCoreLoop
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.multi_turn_programs import NEXT_TURN, gap_steps, multi_turn_program
-from integrations.vllm.token_ids import branch_token, output_token_id, stop_token_id
+from integrations.vllm.token_ids import (
+    GREEDY_ANSWERS,
+    branch_token,
+    output_token_id,
+    prompt_stream,
+    stop_token_id,
+)
 from properties.ar.trace_check import ArTraceResult, check_ar_trace
 from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArDraftsVerified, ArEvent, ArOutputTokens
@@ -54,11 +60,14 @@ def next_turn_log(
     method: str | None = None,
     log_class: Callable[[Any, Callable[[str], object]], object] = VllmEventLog,
     into: list[str] | None = None,
+    *,
+    greedy: bool = False,
 ) -> list[str]:
-    """The live log of the engine-core loop serving `multi_turn_program(seed)`, with 3 drafts
-    by `method` when given; `log_class` writes it (a seeded writer bug); its lines go to
-    `into` (when given: kept if the loop raises) and are returned."""
-    program = multi_turn_program(seed)
+    """The live log of the engine-core loop serving `multi_turn_program(seed, greedy=greedy)`
+    (with `greedy`, its model sampling greedily), with 3 drafts by `method` when given;
+    `log_class` writes it (a seeded writer bug); its lines go to `into` (when given: kept if
+    the loop raises) and are returned."""
+    program = multi_turn_program(seed, greedy=greedy)
     lines: list[str] = [] if into is None else into
 
     def attach(scheduler: Any) -> None:
@@ -73,6 +82,7 @@ def next_turn_log(
         program.config,
         async_scheduling=False,
         mutate=attach,
+        greedy_outputs=greedy,
         **drafts,
     ).run(program)
     return lines
@@ -276,16 +286,23 @@ class OutputsUnhashed(VllmEventLog):
     """Seeded vLLM bug, planted in each request's block hasher as it is added: a block that
     holds an output token gets no hash, so nothing is ever cached past a prompt."""
 
+    #: whether a block holding an output is hashed (without its parent's hash) or not at all
+    parentless = False
+
     def _add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         v = self._v
         block_size = self.config.block_size
+        parentless = self.parentless
 
         def hasher(req: Any) -> list[Any]:
             hashes: list[Any] = []
             start = len(req.block_hashes) * block_size
             parent = req.block_hashes[-1] if req.block_hashes else None
-            while start + block_size <= min(req.num_tokens, req.num_prompt_tokens):
+            end = req.num_tokens if parentless else min(req.num_tokens, req.num_prompt_tokens)
+            while start + block_size <= end:
                 tokens = list(req.all_token_ids[start : start + block_size])
+                if start + block_size > req.num_prompt_tokens:  # it holds an output
+                    parent = None
                 parent = v.kv_utils.hash_block_tokens(v.hashing.sha256, parent, tokens, None)
                 hashes.append(parent)
                 start += block_size
@@ -293,6 +310,13 @@ class OutputsUnhashed(VllmEventLog):
 
         request._block_hasher = hasher
         return super()._add_request(request, *args, **kwargs)
+
+
+class OutputsParentless(OutputsUnhashed):
+    """Seeded vLLM bug: a block that holds an output token is hashed without its parent's hash,
+    so equal outputs after different prompts share a hash."""
+
+    parentless = True
 
 
 def test_a_prefix_cache_that_misses_is_caught_only_where_declared() -> None:
@@ -331,3 +355,66 @@ def test_a_request_hashed_apart_is_refused_where_longest_is_declared(
         next_turn_log(SEEDS[0], None, functools.partial(Tagging, longest_cache_hit=True))
     if field == "cache_salt":  # not declared, a salted request is logged
         assert check_ar_trace(next_turn_log(SEEDS[0], None, Tagging)).ok
+
+
+def test_a_greedy_model_samples_equal_outputs_for_equal_prompts() -> None:
+    """`greedy_outputs`: two requests with one prompt sample the same outputs (each its own
+    stop token), a third with another prompt samples one of `GREEDY_ANSWERS` streams; a
+    grammar or a session, which number outputs by arrival, is refused with it."""
+    config = ArConfig(max_model_len=16).replace(enable_prefix_caching=True)
+    events: list[ArEvent] = []
+    impl = RealVllmScheduler(config, events.append, SPACE_PREFIX, greedy_outputs=True)
+    for rid, prompt in (("a", (5, 6, 7)), ("b", (5, 6, 7)), ("c", (5, 6, 8))):
+        impl.submit(ArRequest(rid, 3, 3, prompt=prompt))
+    impl.drain()
+    named: dict[str, list[int]] = {}
+    for e in events:
+        if isinstance(e, ArOutputTokens):
+            named.setdefault(e.request_id, []).extend(e.tokens)
+    stream = prompt_stream((5, 6, 7))
+    assert named["a"] == named["b"] == [output_token_id(stream, i) for i in (1, 2, 3)]
+    assert named["c"] == [output_token_id(prompt_stream((5, 6, 8)), i) for i in (1, 2, 3)]
+    assert 0 <= stream < GREEDY_ANSWERS
+    with pytest.raises(ConfigError, match="greedy_outputs"):
+        RealVllmScheduler(config, events.append, SPACE_PREFIX, greedy_outputs=True,
+                          structured_output=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="greedy_outputs"):
+        impl.submit(ArRequest("s", 3, 3, prompt=(1, 2, 3)), resumable=True)
+
+
+def test_greedy_next_turns_share_blocks_across_conversations() -> None:
+    """With a greedy model (a third of the first turns repeat a prompt, and a few answers),
+    next turns hit blocks holding other requests' outputs, and every log conforms with the
+    longest hit declared, with or without drafts."""
+    repeated = 0
+    for seed in SEEDS:
+        program = multi_turn_program(seed, greedy=True)
+        prompts = [r.prompt for batch in program.arrivals[:-1] for r in batch]
+        repeated += len(prompts) - len(set(prompts))
+        plain = multi_turn_program(seed)  # the same program but for the repeats and outputs
+        assert len(program.arrivals) == len(plain.arrivals)
+    assert repeated >= 3, repeated
+    crossed = 0
+    for method in (None, "ngram"):
+        for seed in SEEDS:
+            lines = next_turn_log(seed, method, declaring_longest, greedy=True)
+            result = check_ar_trace(lines)
+            assert result.ok, (seed, method, str(result.violation))
+            crossed += hits_past_the_earlier_prompt(lines)
+    assert crossed >= len(SEEDS), crossed
+
+
+def test_a_parentless_output_hash_is_caught_on_greedy_next_turns() -> None:
+    """vLLM hashing a block that holds outputs without its parent's hash lets equal outputs
+    after different prompts share a key, and a next turn misses the earlier turn's output
+    blocks (their keys are not its prompt's). On greedy programs the log, declaring the
+    longest hit, or the loop's own check (`cache_hit_written`: a hit on another prompt's
+    outputs) catches it: on 12 of seeds 0-39, these the first 8."""
+    declared = functools.partial(OutputsParentless, longest_cache_hit=True)
+    for seed in (3, 11, 14, 16, 17, 18, 21, 22):
+        try:
+            found = check_ar_trace(next_turn_log(seed, None, declared, greedy=True)).violation
+        except EngineCoreViolation as err:
+            assert "cache_hit_written" in str(err), (seed, str(err))
+            continue
+        assert found is not None and found.rule == "cache_hit_longest", (seed, str(found))

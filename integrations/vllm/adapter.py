@@ -100,6 +100,7 @@ from integrations.vllm.token_ids import (
     REASONING_END,
     STOP_BASE,
     output_token_id,
+    prompt_stream,
     stop_token_id,
     unshared_prompt_token,
 )
@@ -348,6 +349,7 @@ class RealVllmScheduler:
         kv_role: str = "kv_both",
         offloading: OffloadingOptions | None = None,
         sliding_window: int | None = None,
+        greedy_outputs: bool = False,
         retention_interval: int | None = 0,
         window_block_scale: int = 1,
         mamba: bool = False,
@@ -406,6 +408,16 @@ class RealVllmScheduler:
                 "reasoning", True, "False without structured_output (no request has a grammar)"
             )
         self.reasoning: bool = reasoning
+        if greedy_outputs and structured_output:
+            raise ConfigError(
+                "greedy_outputs",
+                True,
+                "False with structured_output (a grammar's script numbers the outputs by arrival)",
+            )
+        #: The model samples as a greedy one would: a request's outputs follow from its prompt
+        #: (`token_ids.prompt_stream`), so equal prompts sample equal outputs (its stop token
+        #: stays its own).
+        self.greedy_outputs: bool = greedy_outputs
         if kv_connector is not None and kv_connector not in KV_FAILURE_POLICIES:
             raise ConfigError(
                 "kv_connector",
@@ -508,6 +520,8 @@ class RealVllmScheduler:
         #: reader of the KV events resolves a block key against).
         self.submitted: dict[str, Any] = {}
         self.arrival_of: dict[str, int] = {}
+        #: With `greedy_outputs`, each request's output stream (`token_ids.prompt_stream`).
+        self.stream_of: dict[str, int] = {}
         #: A streaming-input session's turn (1-based; `integrations.vllm.sessions` counts the
         #: inputs vLLM applied), which the model's output tokens depend on; 1 for any other.
         self.turn_of: dict[str, int] = {}
@@ -687,6 +701,13 @@ class RealVllmScheduler:
         rid = request.request_id
         if rid in self.specs:
             raise DuplicateRequest(rid)
+        if resumable and self.greedy_outputs:
+            raise ConfigError(
+                "greedy_outputs",
+                True,
+                "False with streaming-input sessions (a session's later turns number their "
+                "outputs by arrival)",
+            )
         limit = request.cache_read_limit
         if limit and not bounded_reads(self.v.request.Request):
             raise InvalidRequest(
@@ -740,6 +761,8 @@ class RealVllmScheduler:
         self.specs[rid] = request
         self.submitted[rid] = req
         self.arrival_of[rid] = self.arrivals
+        if self.greedy_outputs:
+            self.stream_of[rid] = prompt_stream(prompt)
         if end_at is not None:
             self.reasoning_end_at[rid] = end_at
         self.arrivals += 1
@@ -993,6 +1016,7 @@ class RealVllmScheduler:
             index,
             self.reasoning_end_at.get(rid),
             turn=self.turn_of.get(rid, 1),
+            stream=self.stream_of.get(rid),
         )
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
@@ -1019,18 +1043,20 @@ def output_token(
     reasoning_end_at: int | None = None,
     *,
     turn: int = 1,
+    stream: int | None = None,
 ) -> int:
     """Output token number `index` (1-based) of `request`, submitted `arrival`-th, in turn
     `turn` (a streaming-input session's; 1 for any request): in its first turn its stop token
     at `stop_after`, else the reasoning end token at `reasoning_end_at` (the turn's), else one
-    fixed by the arrival and the index; in a later turn (no stop token) `session_output_token`."""
+    fixed by the index and `stream` (a greedy model's: `token_ids.prompt_stream`; None: the
+    arrival); in a later turn (no stop token) `session_output_token`."""
     if turn > 1:
         return session_output_token(arrival, turn, index, reasoning_end_at)
     if request.stop_after is not None and index == request.stop_after:
         return stop_token_id(arrival)
     if index == reasoning_end_at:
         return REASONING_END
-    return output_token_id(arrival, index)
+    return output_token_id(arrival if stream is None else stream, index)
 
 
 def session_output_token(

@@ -50,7 +50,7 @@ def branching_prompt_program(seed: int) -> CoreProgram:
                     trunk = rnd.choice(conversations)
                 request = replace(request, prompt=_branch(request, trunk, len(conversations), rnd))
             drawn.append(request)
-            conversations.append(conversation(request, len(conversations)))
+            conversations.append(_conversation(request, len(conversations)))
         batches.append(tuple(drawn))
     return replace(program, arrivals=tuple(batches))
 
@@ -64,7 +64,7 @@ def _branch(
     return trunk[:start] + tuple(branch_token(number, i) for i in own)
 
 
-def conversation(request: ArRequest, arrival: int) -> tuple[int, ...]:
+def _conversation(request: ArRequest, arrival: int) -> tuple[int, ...]:
     """The prompt of `request` (submitted `arrival`-th) and every output it may sample (to its
     stop token or `max_tokens`): what its next turn's prompt starts with. A prompt the program
     leaves unset is the adapter's, which shares nothing: no trunk (empty)."""
@@ -75,4 +75,4 @@ def conversation(request: ArRequest, arrival: int) -> tuple[int, ...]:
     return request.prompt + outputs
 
 
-__all__ = ["BRANCH_BASE", "branching_prompt_program", "conversation"]
+__all__ = ["BRANCH_BASE", "branching_prompt_program"]

@@ -383,7 +383,9 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
     Mamba group too (`integrations.vllm.adapter.mamba_groups`). `admission` sets vLLM's
     admission settings beyond the AR config (`integrations.vllm.admission_knobs`), whose rules
     `integrations.vllm.admission_check` checks where one differs from vLLM's default. With
-    `trace` (a list) the loop and the store append a line per event to it."""
+    `trace` (a list) the loop and the store append a line per event to it. With
+    `greedy_outputs` the model samples as a greedy one (equal prompts, equal outputs:
+    `RealVllmScheduler.greedy_outputs`)."""
 
     def __init__(
         self,
@@ -425,6 +427,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
         settings_034: Vllm034Settings = VLLM_034_DEFAULTS,
         encoder: EncoderOptions | None = None,
         trace: list[str] | None = None,
+        greedy_outputs: bool = False,
     ) -> None:
         if cache_resets and kv_connector is not None:
             raise ConfigError(
@@ -464,6 +467,7 @@ class EngineCoreLoop(BatchQueueLoop[_Counts]):
             max_loras=max_loras,
             admission=admission,
             settings_034=settings_034,
+            greedy_outputs=greedy_outputs,
         )
         #: A router's view of the KV cache events vLLM publishes (`kv_events`): it stands in
         #: for the scheduler's publisher, as a ZMQ publisher would feed a router.

@@ -26,6 +26,9 @@ A number outside its field (a 16,384th request, a 4,096th output of one turn) ra
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Sequence
+
 from spec.errors import ConfigError
 
 UNSHARED_BASE = 1_000_000
@@ -66,6 +69,19 @@ def output_token_id(arrival: int, index: int, turn: int = 1) -> int:
         + (_field("turn", turn, OUTPUT_ARRIVAL_SHIFT - OUTPUT_TURN_SHIFT, 1) << OUTPUT_TURN_SHIFT)
         + _field("output index", index, OUTPUT_TURN_SHIFT)
     )
+
+
+#: The answers of the greedy model (`prompt_stream`): few, so that different prompts often
+#: sample the same outputs (a canned reply), as well as equal prompts always.
+GREEDY_ANSWERS = 4
+
+
+def prompt_stream(prompt: Sequence[int]) -> int:
+    """The output stream (`output_token_id`'s `arrival` field) of the greedy model's request
+    with `prompt`: a hash of the prompt, one of `GREEDY_ANSWERS`, so equal prompts sample equal
+    outputs and different ones often do too."""
+    text = ",".join(str(int(t)) for t in prompt).encode()
+    return zlib.crc32(text) % GREEDY_ANSWERS
 
 
 def stop_token_id(arrival: int) -> int:
