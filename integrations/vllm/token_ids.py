@@ -20,6 +20,8 @@ turns or positions never meet. The regions, from the bottom:
 | `WRONG_DRAFT` + n | the n-th wrong draft of the speculative model |
 | `OUTPUT_BASE` + (a << 16) + ((t - 1) << 12) + i | output i of turn t of the a-th request |
 
+A greedy model's outputs (`prompt_stream`) take its stream for a: equal prompts, equal outputs.
+
 A number outside its field (a 16,384th request, a 4,096th output of one turn) raises a
 `ConfigError` naming the bound, never a silent collision.
 """
