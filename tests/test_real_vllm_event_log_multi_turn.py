@@ -357,6 +357,40 @@ def test_a_request_hashed_apart_is_refused_where_longest_is_declared(
         assert check_ar_trace(next_turn_log(SEEDS[0], None, Tagging)).ok
 
 
+def test_an_empty_salt_is_no_salt() -> None:
+    """vLLM keys no empty `cache_salt`: declared, such a request is logged and checked."""
+
+    class EmptySalt(VllmEventLog):
+        def _add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            request.cache_salt = ""
+            return super()._add_request(request, *args, **kwargs)
+
+    lines = next_turn_log(SEEDS[0], None, functools.partial(EmptySalt, longest_cache_hit=True))
+    assert check_ar_trace(lines).ok
+
+
+def test_the_longest_hit_is_refused_beside_eagles_block_drop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With `disable_lookahead_block_hashes` vLLM's EAGLE drops the last block of every hit, by
+    design: declaring `longest_cache_hit` there is refused, naming it (a review found 11 of 17
+    such logs failing `cache_hit_longest` before); undeclared, the logs conform."""
+    built = RealVllmScheduler._speculative_config
+
+    def dropping(self: RealVllmScheduler, model_config: Any) -> Any:
+        config = built(self, model_config)
+        if config is not None:
+            config.disable_lookahead_block_hashes = True
+        return config
+
+    monkeypatch.setattr(RealVllmScheduler, "_speculative_config", dropping)
+    with pytest.raises(ConfigError, match="invalid longest_cache_hit=True: False beside an EAGLE"):
+        next_turn_log(SEEDS[0], "eagle", declaring_longest)
+    for seed in SEEDS:
+        result = check_ar_trace(next_turn_log(seed, "eagle"))
+        assert result.ok, (seed, str(result.violation))
+
+
 def test_a_greedy_model_samples_equal_outputs_for_equal_prompts() -> None:
     """`greedy_outputs`: two requests with one prompt sample the same outputs (each its own
     stop token), a third with another prompt samples one of `GREEDY_ANSWERS` streams; a

@@ -315,11 +315,12 @@ HASHED_APART = {
 
 def hashed_apart(request: Any) -> dict[str, object]:
     """The fields of `HASHED_APART` that vLLM request `request` sets (a tensor of embeddings is
-    set whatever it holds; a list of features, when not empty)."""
+    set whatever it holds; a list of features or a salt, when not empty: vLLM keys no empty
+    salt)."""
     found: dict[str, object] = {}
     for name in HASHED_APART:
         value = getattr(request, name, None)
-        if value is not None and not (isinstance(value, list | tuple) and not value):
+        if value is not None and not (isinstance(value, list | tuple | str) and not value):
             found[name] = value
     return found
 
@@ -339,6 +340,14 @@ class VllmEventLog:
         self.scheduler = scheduler
         self.config: ArConfig = ar_config_of(scheduler)
         self.policy: ArPolicy = declared_policy(self.config, scheduler)
+        if longest_cache_hit and bool(getattr(scheduler, "use_eagle_block_drop", False)):
+            raise ConfigError(
+                "longest_cache_hit",
+                True,
+                "False beside an EAGLE drafter whose hits drop their last block "
+                "(disable_lookahead_block_hashes): vLLM then takes a block less than the "
+                "longest cached prefix, by design",
+            )
         if longest_cache_hit and self.config.enable_prefix_caching:
             # every hit must be vLLM's longest: requests whose hashes carry more than their
             # tokens are refused (`_add_request`)

@@ -257,7 +257,8 @@ class ArPolicy:
     longest_cache_hit: with prefix caching, a request admitted from the queue takes the longest
         run of cached blocks holding its prefix, within what it may read (vLLM's
         `find_longest_cache_hit` over one full-attention group, blocks hashed by their tokens
-        alone: no cache salt, LoRA adapter or multimodal input in any request). Rule
+        alone: no cache salt, LoRA adapter or multimodal input in any request; not beside an
+        EAGLE drafter that drops a hit's last block, `disable_lookahead_block_hashes`). Rule
         `cache_hit_longest`: a hit shorter than that (or none) is a prefix cache that missed.
     """
 
