@@ -25,20 +25,8 @@ from spec.ar.profile import ArProfile
 from spec.errors import SpecViolation
 from tests.engine_gate import require_engine
 from tests.test_ar_mutants import HUNT
+from tests.test_real_vllm_cache_reads import CONFIG, A, C  # c shares a's first 3 blocks
 from tests.vllm_seeded_bugs import hit_bound_a_block_short
-
-# 9 usable blocks of 2 tokens, two seats
-CONFIG = ArConfig(
-    block_size=2,
-    num_blocks=10,
-    max_num_seqs=2,
-    max_num_batched_tokens=16,
-    max_model_len=8,
-    enable_prefix_caching=True,
-    reserve_null_block=True,
-)
-A = (1, 2, 3, 4, 5, 6, 7)
-C = (1, 2, 3, 4, 5, 6, 9)  # a's first 3 blocks, then its own token
 
 
 @pytest.fixture(autouse=True, scope="module")
