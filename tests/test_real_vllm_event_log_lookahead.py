@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +33,7 @@ from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, core_prog
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.settings_034 import VLLM_034_DEFAULTS
 from integrations.vllm.shared_prompt_programs import shared_prompt_program
-from properties.ar.trace_check import check_ar_trace
+from properties.ar.trace_check import ArTraceResult, check_ar_trace
 from spec.ar.events import ArBlocksAllocated, ArStepEnd
 from spec.ar.machine import ArSpecMachine
 from spec.ar.trace import ArTraceReader
@@ -95,22 +95,36 @@ def lookahead_log(
     return lines
 
 
+def checked_logs(
+    write: Callable[[int, list[str]], object], seeds: Iterable[int], tally: Counter[str]
+) -> Iterator[tuple[list[str], ArTraceResult]]:
+    """Each seed's live log, as `write(seed, into)` writes it, with its verdict: a program
+    vLLM or the loop refuses at start-up (`ConfigError`) is counted "refused" in `tally` and
+    skipped; one stopped by an `EngineCoreViolation` (vLLM's known padding finding) is counted
+    "stopped", and its log so far is checked."""
+    for seed in seeds:
+        lines: list[str] = []
+        try:
+            write(seed, lines)
+        except ConfigError:
+            tally["refused"] += 1
+            continue
+        except EngineCoreViolation:
+            tally["stopped"] += 1
+        yield lines, check_ar_trace(lines)
+
+
 def tally_lookahead_logs(method: str, seeds: Iterable[int]) -> dict[str, int]:
     """For the by-hand runs of docs/engines/vllm.md: how many of the `seeds`' logs conform,
     how many programs vLLM or the loop refuses at start-up (`ConfigError`: a pool or a
     budget too small for the lookahead), how many stop at an `EngineCoreViolation` (vLLM's
     known padding assertion) with their logs so far conforming, and what the logs hold."""
     tally: Counter[str] = Counter()
-    for seed in seeds:
-        lines: list[str] = []
-        try:
-            lookahead_log(seed, method, into=lines)
-        except ConfigError:
-            tally["refused"] += 1
-            continue
-        except EngineCoreViolation:
-            tally["stopped"] += 1
-        result = check_ar_trace(lines)
+
+    def write(seed: int, into: list[str]) -> None:
+        lookahead_log(seed, method, into=into)
+
+    for lines, result in checked_logs(write, seeds, tally):
         tally["conform" if result.ok else f"violation {result.violation}"] += 1
         for line in lines[1:]:
             event = json.loads(line)

@@ -39,6 +39,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.ar.events import ArDraftsVerified, ArEvent, ArOutputTokens
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.test_real_vllm_event_log_lookahead import checked_logs
 
 #: Programs in which a next turn hits blocks holding its earlier turn's outputs, with any
 #: drafter or none (`hits_past_the_earlier_prompt` over seeds 0-59 finds 15 without drafts,
@@ -115,16 +116,11 @@ def tally_next_turn_logs(method: str | None, seeds: Iterable[int]) -> dict[str, 
     their logs so far checked too, how many have a next turn hitting past its earlier prompt,
     and how many fail without their `ar_output_tokens` lines (by rule)."""
     tally: Counter[str] = Counter()
-    for seed in seeds:
-        lines: list[str] = []
-        try:
-            next_turn_log(seed, method, into=lines)
-        except ConfigError:
-            tally["refused"] += 1
-            continue
-        except EngineCoreViolation:
-            tally["stopped"] += 1
-        result = check_ar_trace(lines)
+
+    def write(seed: int, into: list[str]) -> None:
+        next_turn_log(seed, method, into=into)
+
+    for lines, result in checked_logs(write, seeds, tally):
         found = result.violation
         tally["conform" if found is None else f"violation: {found.rule}"] += 1
         tally["logs with a hit past the earlier prompt"] += hits_past_the_earlier_prompt(lines) > 0
