@@ -19,7 +19,6 @@ import pytest
 from properties.ar.decisions import NamedOutputHits, operations
 from properties.ar.trace_check import check_ar_trace
 from schedspec_cli.main import main
-from spec.ar.config import ArConfig
 from spec.ar.events import (
     ArBlocksAllocated,
     ArBlocksFreed,
@@ -34,15 +33,11 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.machine import ArSpecMachine
-from spec.ar.profile import ArPolicy
 from spec.errors import CannotDrive, SpecViolation
 from spec.trace import TraceFormatError
 from tests.test_ar_free_keeps_computed import log_of, verdict
+from tests.test_ar_hash_lookahead import AHEAD, CONFIG  # blocks of 4, prefix caching
 
-CONFIG = ArConfig(
-    block_size=4, num_blocks=9, max_num_batched_tokens=16, max_num_seqs=2, max_model_len=32
-).replace(enable_prefix_caching=True)
-AHEAD = ArPolicy(hash_lookahead_tokens=1)
 PROMPT = (1, 2, 3, 4)  # a's prompt: block 1
 OUTPUTS = (101, 102, 103, 104, 105)  # a's outputs; block 2 holds the first four
 

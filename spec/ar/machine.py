@@ -590,17 +590,21 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
     def _register_cached(self, r: _Req, upto_tokens: int) -> None:
         """Full blocks of `r` within its first `upto_tokens` tokens become cached."""
-        bs, ahead = self.config.block_size, self.policy.hash_lookahead_tokens
-        full = min(min(upto_tokens, r.known) // bs, self._hashable(r))
-        named_upto = r.prompt_len + len(r.output_ids)
+        full = min(min(upto_tokens, r.known) // self.config.block_size, self._hashable(r))
         for k in range(r.cached_upto, min(full, len(r.blocks))):
             b = r.blocks[k]
             self._cache_put(b, self._key(r, k))
             self._unwritten.pop(b, None)
             self._dirty_blocks.add(b)
-            if (k + 1) * bs + ahead > named_upto:  # its key covers an output not named yet
+            if self._covers_unnamed(r, k):
                 r.private_keyed.setdefault(k, set()).add(b)
         r.cached_upto = max(r.cached_upto, min(full, len(r.blocks)))
+
+    def _covers_unnamed(self, r: _Req, k: int) -> bool:
+        """Whether the key of `r`'s block k covers an output of `r` no `ArOutputTokens` named
+        yet (with `hash_lookahead_tokens`, the tokens after the block count)."""
+        covered = (k + 1) * self.config.block_size + self.policy.hash_lookahead_tokens
+        return covered > r.prompt_len + len(r.output_ids)
 
     def _cache_put(self, b: int, key: int) -> None:
         """Block `b` caches the content `key` (whatever it cached before is gone)."""
@@ -1673,15 +1677,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         before = {k: self._key(r, k) for k in r.private_keyed}
         r.output_ids.extend(tokens)
         del r.keys[first // self.config.block_size :]
-        named_upto = r.prompt_len + len(r.output_ids)
-        bs, ahead = self.config.block_size, self.policy.hash_lookahead_tokens
         for k, blocks in list(r.private_keyed.items()):
             new = self._key(r, k)
             for b in blocks:
                 if self._cache.get(b) == before[k]:
                     self._cache_put(b, new)
                     self._dirty_blocks.add(b)
-            if (k + 1) * bs + ahead <= named_upto:
+            if not self._covers_unnamed(r, k):
                 del r.private_keyed[k]
         self._touch(r)
 
