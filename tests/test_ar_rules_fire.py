@@ -20,6 +20,7 @@ import pytest
 from spec.ar.config import ArConfig, ArRules
 from spec.ar.events import (
     ArAborted,
+    ArAwaiting,
     ArBlocksAllocated,
     ArBlocksFreed,
     ArCacheHit,
@@ -127,6 +128,11 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
     "output_tokens": (
         # a produced 1 output in step 0, and the log names the ids of 2
         [*STEP_0, ArOutputTokens("a", (7, 8))],
+        CFG,
+    ),
+    "awaiting": (
+        # a awaits its grammar (no ar_ready), and is given a block
+        [ArSubmitted("a", 4, 2), ArAwaiting("a", "grammar"), ArBlocksAllocated("a", (1,))],
         CFG,
     ),
     "cache_hit_longest": (

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from integrations.patches import EngineFix
+from integrations.vllm.event_log import grammar_compiled
 from integrations.vllm.patches import SCHEDULER_MODULE, ScheduleFix
 
 
@@ -878,3 +879,52 @@ def ec_load_reports_ignored(sched: Any) -> None:
         update(connector_output)
 
     delegate.update_connector_output = update_without_loads
+
+
+def _grammar_pending(request: Any) -> bool:
+    """vLLM request `request` waits for a grammar that has not compiled yet."""
+    waits = request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+    return bool(waits and request.structured_output_request.grammar is None)
+
+
+def grammar_wait_ignored(sched: Any) -> None:
+    """Seeded bug: the waiting pass promotes and admits a structured-output request whose
+    grammar is still compiling, as if it had compiled."""
+    original = sched._handle_blocked_waiting_request
+
+    def handle(request: Any) -> bool:
+        if _grammar_pending(request):
+            request.status = type(request.status).WAITING
+            return True
+        return bool(original(request))
+
+    sched._handle_blocked_waiting_request = handle
+
+
+def compiled_grammar_passed_once(sched: Any) -> None:
+    """Seeded bug: the waiting pass promotes a request whose grammar has compiled but passes
+    over it in that step, admitting the requests behind it (it is admitted a step later)."""
+    original = sched._handle_blocked_waiting_request
+
+    def handle(request: Any) -> bool:
+        blocked = request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+        return bool(original(request)) and not blocked
+
+    sched._handle_blocked_waiting_request = handle
+
+
+def compiled_grammar_seen_late(sched: Any) -> None:
+    """Seeded bug: the waiting pass leaves a request whose grammar has compiled waiting for
+    it the first time it looks (its status unchanged), and admits the requests behind it; the
+    next pass promotes it."""
+    original = sched._handle_blocked_waiting_request
+    looked: set[str] = set()
+
+    def handle(request: Any) -> bool:
+        waits = request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+        if waits and request.request_id not in looked and grammar_compiled(request):
+            looked.add(request.request_id)
+            return False
+        return bool(original(request))
+
+    sched._handle_blocked_waiting_request = handle

@@ -9,14 +9,19 @@ configuration and the policy vLLM declares, `REAL_VLLM_PROFILE` with the orderin
 under vLLM's declared policy, and `--twin vllm-v1` compares its decisions with the
 re-implementation's on the log's own operations.
 
-It wraps six methods of that one scheduler instance (nothing of vLLM's classes changes), and
+It wraps seven methods of that one scheduler instance (nothing of vLLM's classes changes), and
 derives the events from the pools around each call, as `RealVllmScheduler` does
 (`spec.ar.reconstruct`):
 
 - `add_request`: `ArSubmitted`, with `stop_sampled` (a live scheduler cannot know when the
-  model will sample a stop token; the request's prompt ids when prefix caching is on);
+  model will sample a stop token; the request's prompt ids when prefix caching is on), then,
+  for a structured-output request (status `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`: vLLM
+  passes over it until its waiting pass finds the grammar compiled), `ArAwaiting` "grammar";
 - `schedule`: the scheduling phase (preemptions, allocations and cache hits, scheduled tokens,
-  with their `drafts` under speculative decoding) and `ArStepEnd`;
+  with their `drafts` under speculative decoding) and `ArStepEnd`; `ArReady` with `in_step`
+  for each awaiting request the waiting pass found with its grammar compiled (the log wraps
+  the pass's `_handle_blocked_waiting_request` too), at the pass's start: before the first
+  event of a request that waited, else before `ArStepEnd`;
 - `update_from_output`: `ArDraftsVerified` for each request whose drafts the step verified
   (before any free: vLLM rolls back the rejected drafts in its loop over the batch), with
   prefix caching `ArOutputTokens` with the ids of each request's new outputs (vLLM's block
@@ -76,6 +81,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from integrations.instance_hooks import InstanceHooks
@@ -89,11 +95,15 @@ from integrations.vllm.adapter import (
     victim_order,
     vllm_rules,
 )
+from integrations.vllm.core_loop import waiting_for_grammar
 from integrations.vllm.release_api import cache_read_limit
 from spec.ar.config import ArConfig, Policy
 from spec.ar.events import (
     ArAborted,
+    ArAwaiting,
+    ArBlocksAllocated,
     ArBlocksFreed,
+    ArCacheHit,
     ArCacheReset,
     ArDraftsVerified,
     ArEvent,
@@ -101,6 +111,7 @@ from spec.ar.events import (
     ArOutputTokens,
     ArPauseSet,
     ArPreempted,
+    ArReady,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
@@ -325,6 +336,16 @@ def hashed_apart(request: Any) -> dict[str, object]:
     return found
 
 
+def grammar_compiled(request: Any) -> bool:
+    """Whether vLLM request `request`'s structured-output grammar has compiled (read without
+    resolving vLLM's future: the log only observes)."""
+    sor = request.structured_output_request
+    grammar = getattr(sor, "_grammar", None) if sor is not None else None
+    if isinstance(grammar, Future):
+        return grammar.done() and grammar.exception() is None
+    return grammar is not None and not isinstance(grammar, BaseException)
+
+
 class VllmEventLog:
     """Writes the decisions of one live vLLM scheduler as an AR event log (see the module)."""
 
@@ -362,6 +383,10 @@ class VllmEventLog:
         # while update_from_output runs: each request the step scheduled -> (the request, its
         # outputs before the call, whether it had drafts), logged once by `_log_outputs`
         self._sampling: dict[str, tuple[Any, int, bool]] = {}
+        # requests logged as awaiting their grammar (`ArAwaiting`), until ready or ended
+        self._awaiting: set[str] = set()
+        # awaiting requests the waiting pass under way found with their grammar compiled
+        self._found_ready: set[str] = set()
         self._hooks = InstanceHooks()
         self.writer: str = scheduler_writer(scheduler, "vllm")
         write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
@@ -375,6 +400,8 @@ class VllmEventLog:
                 "finish_requests": self._finish_requests,
                 "reset_prefix_cache": self._reset_prefix_cache,
                 "set_pause_state": self._set_pause_state,
+                # the waiting pass's look at a request that waits for its grammar
+                "_handle_blocked_waiting_request": self._handle_blocked,
             },
         )
         paused = self._pause_name(scheduler.pause_state)
@@ -418,6 +445,9 @@ class VllmEventLog:
                 cache_read_limit=cache_read_limit(request) if self._prefix else None,
             )
         )
+        if waiting_for_grammar(request):
+            self._awaiting.add(str(request.request_id))
+            self._emit(ArAwaiting(request.request_id, "grammar"))
         return result
 
     def _schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -428,15 +458,47 @@ class VllmEventLog:
         after = self._view(f"after schedule() in step {self._step}", scheduled)
         order = victim_order(sched, before, self.config.policy)
         drafts = {str(rid): len(ids) for rid, ids in out.scheduled_spec_decode_tokens.items()}
+        promoted, self._found_ready = self._found_ready, set()
+        self._awaiting -= promoted
+        # vLLM's waiting pass promotes in queue order and admits only past what it promoted
+        # or skipped: the promotions are logged at the pass's start, before the first event of
+        # a request that waited (a request promoted and then passed over is a finding)
+        queued = [rid for rid in before.waiting if rid in promoted]
+        ready = [ArReady(rid, in_step=True) for rid in queued + sorted(promoted - set(queued))]
+        waited = set(before.waiting)
         for e in scheduling_events(
             before, after, scheduled, self.config.block_size, preempted_order=order
         ):
             if isinstance(e, ArScheduled) and drafts.get(e.request_id):
                 e = ArScheduled(e.request_id, e.num_tokens, drafts[e.request_id])
+            if (
+                ready
+                and isinstance(e, ArCacheHit | ArBlocksAllocated | ArScheduled)
+                and e.request_id in waited
+            ):
+                for r in ready:
+                    self._emit(r)
+                ready = []
             self._emit(e)
+        for r in ready:  # the pass admitted nothing
+            self._emit(r)
         self._emit(ArStepEnd(self._step))
         self._step += 1
         return out
+
+    def _handle_blocked(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's waiting pass looks at a request in a blocked status (it promotes one whose
+        grammar has compiled): an awaiting request whose grammar had compiled when the pass
+        looked is ready in the log (`_schedule` writes its `ArReady`), whatever vLLM then did
+        with it. Before vLLM's own look, or in it where vLLM promoted the request: a grammar
+        that compiles only after vLLM looked leaves the request awaiting, as vLLM does."""
+        rid = str(request.request_id)
+        compiled = rid in self._awaiting and grammar_compiled(request)
+        result = self._calls["_handle_blocked_waiting_request"](request, *args, **kwargs)
+        promoted = rid in self._awaiting and not waiting_for_grammar(request)
+        if compiled or (promoted and grammar_compiled(request)):
+            self._found_ready.add(rid)
+        return result
 
     def _update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._ended_inside.clear()
@@ -462,6 +524,7 @@ class VllmEventLog:
         nested = bool(self._open)
         ended = self._releasing("finish_requests", *args, **kwargs)
         for request in ended or ():
+            self._awaiting.discard(str(request.request_id))
             self._emit(ArAborted(request.request_id))
             if nested:  # ended by vLLM inside update_from_output (FINISHED_ERROR)
                 self._ended_inside.add(str(request.request_id))

@@ -25,6 +25,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.ar.decisions import first_difference, step_decisions
 from spec.ar.events import (
     ArAborted,
+    ArAwaiting,
     ArCacheHit,
     ArEvent,
     ArOutputTokens,
@@ -47,7 +48,8 @@ def operations(
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
     `ArAborted`, a step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's
-    preemption or draft tokens, which no twin replays, and, given the log's `config` and
+    preemption, a request awaiting its input (`ArAwaiting`) or draft tokens, which no twin
+    replays, and, given the log's `config` and
     `policy`, at a cache hit on another request's named outputs: `NamedOutputHits`). A
     rejected submission or an abort that changed nothing left no event and changes nothing; a
     drain shows as the steps it ran. A request whose stop the log's engine sampled
@@ -86,6 +88,11 @@ def operations(
             submitted += 1
         elif isinstance(e, ArAborted):
             ops.append(ArAbort(e.request_id))
+        elif isinstance(e, ArAwaiting):
+            raise CannotDrive(
+                f"the log holds {e.request_id!r} back while its {e.what} is not ready "
+                "(ar_awaiting), an input no AR twin waits for: check the log without --twin"
+            )
         elif (isinstance(e, ArPreempted) and e.reset) or isinstance(e, ArPauseSet):
             what = "pauses the scheduler" if isinstance(e, ArPauseSet) else "resets its cache"
             raise CannotDrive(

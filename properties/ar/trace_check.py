@@ -27,12 +27,14 @@ from pathlib import Path
 from spec.ar.config import ArConfig
 from spec.ar.events import (
     ArAborted,
+    ArAwaiting,
     ArBlocksFreed,
     ArDraftsVerified,
     ArEvent,
     ArFinished,
     ArFinishReason,
     ArOutputTokens,
+    ArReady,
     ArStepEnd,
     ArSubmitted,
 )
@@ -51,6 +53,7 @@ _BETWEEN = (
     ArStepEnd,
     ArDraftsVerified,
     ArOutputTokens,
+    ArAwaiting,
 )
 
 
@@ -149,7 +152,10 @@ def check_ar_trace(
         stops: dict[str, int] = {}
         for line, event in reader:
             try:
-                if not in_step and not isinstance(event, _BETWEEN):
+                between = isinstance(event, _BETWEEN) or (
+                    isinstance(event, ArReady) and not event.in_step
+                )
+                if not in_step and not between:
                     machine.check_invariants(between_steps=True)  # a step boundary
                     in_step = True
                 machine.apply(event)

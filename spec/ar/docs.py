@@ -25,7 +25,11 @@ in docs/schedulers.md.
    `paused_all`: nothing scheduled; rule `pause`) and a cache reset: `ArPreempted(...,
    reset=true)` for each running request it preempts, the last first (no victim rule; the
    next step may admit it again), then `ArCacheReset` (nothing held; every cached block goes;
-   rule `cache_reset`).
+   rule `cache_reset`). Optionally, in the gap of a request's `ArSubmitted`,
+   `ArAwaiting(request, what)`: it may not be admitted until its `ArReady(request)` (vLLM: a
+   structured-output grammar still compiling; rule `awaiting`). `ArReady` comes between steps,
+   or with `in_step` in the step's admission pass where the scheduler found the input ready
+   (vLLM's waiting pass, after its cache-aware reorder).
 2. **Scheduling phase** (the engine's `schedule()`): `ArPreempted` (with every block the victim
    held), and per scheduled request `ArCacheHit` (an admitted request's cached prefix blocks),
    `ArBlocksAllocated` (fresh blocks appended to its table), then `ArScheduled` (its tokens;

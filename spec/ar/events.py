@@ -10,7 +10,9 @@ Every event is a frozen, slotted dataclass with a stable `kind` (JSON Lines trac
     update phase       ArDraftsVerified, ArOutputTokens (optional: the ids of the outputs the
                        step produced), ArBlocksFreed, ArFinished
 
-`ArSubmitted` and `ArAborted` (with the frees it causes) happen between steps.
+`ArSubmitted` and `ArAborted` (with the frees it causes) happen between steps, and so does
+`ArAwaiting` (optional: a request submitted in the same gap may not be admitted yet); its
+`ArReady` comes between steps or in a step's admission pass.
 """
 
 from __future__ import annotations
@@ -137,6 +139,33 @@ class ArAborted:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class ArAwaiting:
+    """The request just submitted may not be admitted until its `ArReady`: an input it needs
+    is not ready (`what`; vLLM: "grammar", a structured-output grammar still compiling, its
+    status `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`). Optional, between steps, in the gap of the
+    request's `ArSubmitted`. While it awaits, the request is not admitted and every admission
+    rule passes over it (its place in the queue is kept); it may be aborted."""
+
+    kind: ClassVar[str] = "ar_awaiting"
+    request_id: str
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArReady:
+    """The awaiting request may be admitted from now on: between steps (where the engine
+    finds its input ready before it schedules), or, `in_step`, in the step's admission pass,
+    where the scheduler found its input ready (vLLM promotes a request whose grammar has
+    compiled when its waiting pass reaches it, after the cache-aware reorder; never in a step
+    that preempted, nor while paused). `in_step` starts the step's schedule phase and its
+    admission pass if nothing has."""
+
+    kind: ClassVar[str] = "ar_ready"
+    request_id: str
+    in_step: bool = False
+
+
 #: The scheduler's pause states (vLLM's `PauseState`, lower case): scheduling as usual; only
 #: requests that run (or hold KV) are scheduled, none admitted; nothing is scheduled.
 AR_PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
@@ -216,6 +245,8 @@ ArEvent = (
     | ArStepEnd
     | ArDraftsVerified
     | ArOutputTokens
+    | ArAwaiting
+    | ArReady
 )
 
 AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
@@ -233,6 +264,8 @@ AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArStepEnd,
     ArDraftsVerified,
     ArOutputTokens,
+    ArAwaiting,
+    ArReady,
 )
 
 AR_EVENT_BY_KIND: dict[str, type[ArEvent]] = {t.kind: t for t in AR_EVENT_TYPES}

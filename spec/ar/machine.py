@@ -49,6 +49,7 @@ from spec.ar.config import (
 from spec.ar.events import (
     AR_PAUSE_STATES,
     ArAborted,
+    ArAwaiting,
     ArBlocksAllocated,
     ArBlocksFreed,
     ArCacheEvicted,
@@ -61,6 +62,7 @@ from spec.ar.events import (
     ArOutputTokens,
     ArPauseSet,
     ArPreempted,
+    ArReady,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
@@ -125,6 +127,8 @@ class _Req:
     # block index k -> the blocks it cached there under a key covering an output not named
     # yet: keyed afresh when it is named, held still or not (freed, they stay cached)
     private_keyed: dict[int, set[int]] = field(default_factory=dict)
+    # why it may not be admitted yet (`ArAwaiting`), until its `ArReady`; None: it may be
+    awaiting: str | None = None
 
     @property
     def known(self) -> int:
@@ -253,6 +257,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             r.attained,
             self._waited(r),
             r.cache_read_limit,
+            r.awaiting,
         )
 
     def state(self) -> ArState:
@@ -412,14 +417,25 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 e,
             )
 
-    def _enter_admission_phase(self, r: _Req) -> None:
+    def _enter_admission_phase(self, r: _Req, e: ArEvent) -> None:
         """The first event of a queued request in a step starts its admission phase: the
-        moment vLLM applies the cache-aware order (after every running request's blocks)."""
-        st = self._step
-        if st.admission_phase or r.phase not in AR_QUEUED_PHASES:
-            return
-        st.admission_phase = True
-        self._reorder_cache_aware()
+        moment vLLM applies the cache-aware order (after every running request's blocks). An
+        awaiting request (`ArAwaiting`) is not admitted (`awaiting`)."""
+        if r.awaiting is not None:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"{type(e).__name__} for {r.request_id!r}, which awaits its {r.awaiting} "
+                "(ar_awaiting) and has had no ar_ready: it may not be admitted yet",
+                e,
+            )
+        if r.phase in AR_QUEUED_PHASES:
+            self._start_admission_pass()
+
+    def _start_admission_pass(self) -> None:
+        """Start the step's admission pass, once: the cache-aware reorder runs first."""
+        if not self._step.admission_phase:
+            self._step.admission_phase = True
+            self._reorder_cache_aware()
 
     def _reorder_cache_aware(self) -> None:
         """`ArPolicy.cache_aware_window`: reorder the waiting queue's head now, if the policy,
@@ -447,9 +463,11 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 k += 1
             return k * self.config.block_size
 
-        order = cache_aware_order(
-            self._waiting, window, lambda rid: self._requests[rid].fresh, cached_tokens
-        )
+        def slot(rid: str) -> bool:  # vLLM moves only requests of status WAITING
+            r = self._requests[rid]
+            return r.fresh and r.awaiting is None
+
+        order = cache_aware_order(self._waiting, window, slot, cached_tokens)
         if order != self._waiting:
             self._waiting = order
             self._reordered_at = self._step.index
@@ -719,6 +737,75 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._waiting.append(e.request_id)
         self._touch(r)
 
+    def _admissible(self) -> list[str]:
+        """The waiting queue without its awaiting requests (`ArAwaiting`), in order."""
+        return [q for q in self._waiting if self._requests[q].awaiting is None]
+
+    def _awaiting(self, e: ArAwaiting) -> None:
+        """`awaiting`: a request submitted in this gap between steps, never scheduled, may not
+        be admitted until its `ArReady`."""
+        r = self._active(e.request_id, e)
+        st = self._step
+        if not isinstance(e.what, str) or not e.what:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"{r.request_id!r} awaits {e.what!r}: what it awaits is a non-empty string "
+                "(vLLM: 'grammar')",
+                e,
+            )
+        if r.awaiting is not None:
+            raise self._fail(
+                ArRule.AWAITING, f"{r.request_id!r} already awaits its {r.awaiting}", e
+            )
+        if st.in_schedule_phase or r.wait_since != st.index or not r.fresh:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"{r.request_id!r} said to await its {e.what} "
+                + (
+                    f"inside step {st.index}'s schedule phase"
+                    if st.in_schedule_phase
+                    else "after it was scheduled"
+                    if not r.fresh
+                    else f"{st.index - r.wait_since} step(s) after its submission"
+                )
+                + ": ar_awaiting comes between steps, in the gap of the request's ar_submitted",
+                e,
+            )
+        r.awaiting = e.what
+        self._touch(r)
+
+    def _ready(self, e: ArReady) -> None:
+        """`awaiting`: the awaiting request may be admitted from now on: between steps, or,
+        `in_step`, in the step's admission pass, which it starts if none has (after the
+        cache-aware reorder, which passed over the request while it awaited)."""
+        r = self._active(e.request_id, e)
+        if r.awaiting is None:
+            raise self._fail(
+                ArRule.AWAITING, f"ar_ready for {r.request_id!r}, which awaits nothing", e
+            )
+        st = self._step
+        if not e.in_step and st.in_schedule_phase:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"ar_ready for {r.request_id!r} inside step {st.index}'s schedule phase "
+                "without in_step: between steps, or in_step where the step's admission pass "
+                "found the input ready",
+                e,
+            )
+        if e.in_step:
+            if st.preempted or self._pause != "unpaused":
+                why = f"preempted {st.preempted}" if st.preempted else f"is {self._pause}"
+                raise self._fail(
+                    ArRule.AWAITING,
+                    f"ar_ready for {r.request_id!r} in step {st.index}'s admission pass, but "
+                    f"the step {why}: no waiting pass runs there to find its input ready",
+                    e,
+                )
+            self._enter_schedule_phase(e)
+            self._start_admission_pass()
+        r.awaiting = None
+        self._touch(r)
+
     def _aborted(self, e: ArAborted) -> None:
         r = self._active(e.request_id, e)
         if r.blocks:
@@ -751,7 +838,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r = self._active(e.request_id, e)
         self._check_pause(r, e)
         self._enter_schedule_phase(e)
-        self._enter_admission_phase(r)
+        self._enter_admission_phase(r, e)
         if not cfg.enable_prefix_caching:
             raise self._fail(ArRule.CACHE_HIT_ENABLED, "a cache hit with prefix caching off", e)
         if r.phase not in AR_QUEUED_PHASES or r.blocks or r.num_computed:
@@ -858,7 +945,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r = self._active(e.request_id, e)
         self._check_pause(r, e)
         self._enter_schedule_phase(e)
-        self._enter_admission_phase(r)
+        self._enter_admission_phase(r, e)
         self._check_readmission(r, e)
         self._check_not_released(r, e)
         if not e.blocks or len(set(e.blocks)) != len(e.blocks):
@@ -901,7 +988,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r = self._active(e.request_id, e)
         self._check_pause(r, e)
         self._enter_schedule_phase(e)
-        self._enter_admission_phase(r)
+        self._enter_admission_phase(r, e)
         self._check_not_released(r, e)
         n = e.num_tokens
         if r.request_id in st.scheduled:
@@ -1115,8 +1202,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     f"(of the batch that ended)",
                     e,
                 )
+        admissible = self._admissible()
         if rules.max_wait_steps is not None:
-            queued = [self._requests[q] for q in self._waiting]
+            queued = [self._requests[q] for q in admissible]
             aged = [q for q in queued if self._waited(q) >= rules.max_wait_steps]
             if aged:
                 oldest = min(aged, key=lambda q: q.arrival)
@@ -1131,19 +1219,19 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if rules.admission is AdmissionOrder.FCFS:
             if rules.fcfs_lookahead is not None:
                 self._check_lookahead(r, e, rules.fcfs_lookahead)
-            elif self._waiting[0] != r.request_id:
+            elif admissible[0] != r.request_id:
+                passed = [q for q in self._waiting if q not in admissible]
                 raise self._fail(
                     ArRule.FCFS_ADMISSION,
-                    f"admitted {r.request_id!r} while {self._waiting[0]!r} is ahead of it "
-                    f"(waiting {self._waiting[:8]}{' ...' if len(self._waiting) > 8 else ''})"
+                    f"admitted {r.request_id!r} while {admissible[0]!r} is ahead of it "
+                    f"(waiting {self._waiting[:8]}{' ...' if len(self._waiting) > 8 else ''}"
+                    f"{f'; awaiting {passed[:8]}' if passed else ''})"
                     f"{self._order_note()}",
                     e,
                 )
             return
         mine = admission_key(rules, r)
-        best = min(
-            (self._requests[q] for q in self._waiting), key=lambda q: admission_key(rules, q)
-        )
+        best = min((self._requests[q] for q in admissible), key=lambda q: admission_key(rules, q))
         if mine != admission_key(rules, best):
             raise self._fail(
                 ArRule.POLICY_ADMISSION,
@@ -1174,7 +1262,11 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         fits. Every block `r` holds came in this step and no block is freed between a request
         passed over and `r`'s admission, so the pool had at least `free + len(r.blocks)` free
         when each of them was passed over."""
-        ahead = [self._requests[q] for q in self._waiting[: self._waiting.index(r.request_id)]]
+        ahead = [
+            self._requests[q]
+            for q in self._waiting[: self._waiting.index(r.request_id)]
+            if self._requests[q].awaiting is None
+        ]
         if len(ahead) > limit:
             raise self._fail(
                 ArRule.FCFS_ADMISSION,
@@ -1361,9 +1453,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         paused_all = self._pause == "paused_all"
         # a step that admitted nothing still reorders (vLLM), unless paused_all: vLLM's
         # waiting-queue pass, which reorders, is skipped then
-        if not st.admission_phase and not paused_all:
-            st.admission_phase = True
-            self._reorder_cache_aware()
+        if not paused_all:
+            self._start_admission_pass()
         total = sum(st.scheduled.values())
         # declared (vLLM v0's recompute): a step whose preemptions, each made with no block
         # free, left nothing running; the next step then has nothing to preempt, and schedules
@@ -1375,14 +1466,16 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         )
         # paused: nothing is asked of a step (paused_all) or of the waiting requests (paused_new)
         asked = {
-            "unpaused": bool(self._running or self._waiting),
+            "unpaused": bool(self._running or self._admissible()),
             "paused_new": bool(self._running),
         }
         if total == 0 and asked.get(self._pause, False) and not emptied:
+            awaiting = len(self._waiting) - len(self._admissible())
             raise self._fail(
                 ArRule.PROGRESS,
                 f"step {st.index} scheduled nothing with {len(self._running)} running and "
-                f"{len(self._waiting)} waiting",
+                f"{len(self._waiting)} waiting"
+                + (f" ({awaiting} of them awaiting)" if awaiting else ""),
                 e,
             )
         if (
@@ -1951,6 +2044,8 @@ ArSpecMachine.handlers = MappingProxyType(
         ArCacheReset: ArSpecMachine._cache_reset,
         ArDraftsVerified: ArSpecMachine._drafts_verified,
         ArOutputTokens: ArSpecMachine._output_tokens,
+        ArAwaiting: ArSpecMachine._awaiting,
+        ArReady: ArSpecMachine._ready,
     }
 )
 

@@ -33,6 +33,7 @@ class ArRule(StrEnum):
     CACHE_RESET = "cache_reset"
     SPECULATIVE_DRAFTS = "speculative_drafts"
     OUTPUT_TOKENS = "output_tokens"
+    AWAITING = "awaiting"
     STEP_ORDER = "step_order"
     KV_COVERS_SCHEDULED = "kv_covers_scheduled"
     KV_COVERS_COMPUTED = "kv_covers_computed"
@@ -106,7 +107,8 @@ _AR_RULES: dict[ArRule, str] = {
     "running request decodes, and the last release step (one not held, that preempted nothing) "
     "left no request waiting. A held step that preempted, scheduled nothing yet and has no "
     "decoding request left may lift its hold (nothing else could run in it).",
-    ArRule.PROGRESS: "A step with running or waiting requests schedules at least one token "
+    ArRule.PROGRESS: "A step with running or waiting requests (an awaiting one not counted) "
+    "schedules at least one token "
     "(where declared, vLLM v0's recompute: a step whose preemptions, each made with no block "
     "free, left nothing running may schedule nothing, the next one may not); "
     "every call (submit, abort, a step, drain, snapshot) returns: one still running at the "
@@ -135,6 +137,13 @@ _AR_RULES: dict[ArRule, str] = {
     "output keys the prefix-cache blocks holding it, and under hash_lookahead_tokens the "
     "blocks before it, by its id, as a prompt token does (blocks cached while it was private "
     "are keyed afresh, held or freed); an output never named is private to its request.",
+    ArRule.AWAITING: "An `ar_awaiting` event (optional) names a request submitted in the same "
+    "gap between steps, never scheduled, that may not be admitted yet (an input of it is not "
+    "ready: vLLM's structured-output grammar still compiling); until its `ar_ready` it gets no "
+    "cache hit, block or token, and every admission rule (FCFS order, policy key, aging, "
+    "look-ahead, cache-aware window, progress) passes over it, its place in the queue kept. "
+    "`ar_ready` names an awaiting request, between steps or in a step's admission pass (never "
+    "in a step that preempted, nor while paused: no waiting pass runs there).",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
@@ -203,16 +212,17 @@ _AR_RULES: dict[ArRule, str] = {
     "lower-priority waiting requests (policy_admission).",
     # --- admission order
     ArRule.FCFS_ADMISSION: "A waiting request is admitted only from the head of the waiting queue "
-    "(submission order; preempted requests at the head); with a declared look-ahead, past at "
-    "most that many requests, each too large for the free pool (the queue then in arrival "
-    "order); with a declared cache-aware window, from the head of the queue as that window "
-    "reorders it (vLLM 0.34's cache_aware_admission_window).",
+    "(submission order; preempted requests at the head; an awaiting request passed over); "
+    "with a declared look-ahead, past at most that many requests, each too large for the "
+    "free pool (the queue then in arrival order); with a declared cache-aware window, from "
+    "the head of the queue as that window reorders it (vLLM 0.34's "
+    "cache_aware_admission_window).",
     ArRule.WAITING_ORDER: "The implementation's waiting queue has the spec's order (FCFS, as a "
     "declared cache-aware window reorders it).",
     ArRule.POLICY_ADMISSION: "Under priority / SJF / SRPT / LAS, the admitted request minimises "
-    "the policy key (ties: earliest arrival).",
-    ArRule.AGING_BOUND: "Once a waiting request has waited max_wait_steps steps, no other waiting "
-    "request is admitted before it.",
+    "the policy key (ties: earliest arrival) among the waiting requests not awaiting.",
+    ArRule.AGING_BOUND: "Once a waiting request not awaiting has waited max_wait_steps steps, no "
+    "other waiting request is admitted before it.",
     ArRule.STATIC_BATCH: "A static-batch scheduler admits only when no request of an earlier "
     "batch is running (a new batch forms when the previous one is entirely done).",
     ArRule.TOKEN_FAIRNESS_FLOOR: "Every running request is scheduled at least one token per step "

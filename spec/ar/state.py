@@ -28,6 +28,7 @@ class ArRequestState:
     attained: int  # tokens ever computed, recomputation included (LAS)
     waited: int  # steps waited since it last entered the queue
     cache_read_limit: int | None = None  # `ArRequest.cache_read_limit`
+    awaiting: str | None = None  # why it may not be admitted yet (`ArAwaiting`), or None
 
     @property
     def known_tokens(self) -> int:
@@ -91,6 +92,7 @@ def render(s: ArState) -> str:
             f"max_tokens={r.max_tokens} stop_after={r.stop_after} prio={r.priority} "
             f"computed={r.num_computed} outputs={r.num_output} blocks={list(r.blocks)}"
             + ("" if r.cache_read_limit is None else f" cache_read_limit={r.cache_read_limit}")
+            + ("" if r.awaiting is None else f" awaiting={r.awaiting}")
         )
     shared = {b: sorted(h) for b, h in s.block_holders.items() if len(h) > 1}
     if shared:

@@ -82,9 +82,13 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
         if not isinstance(value, list) or not all(_is_int(b) for b in value):
             raise bad(_INTS + (" or null" if name == "prompt" else ""))
         return tuple(value)
-    if name in ("stop_sampled", "reset"):
+    if name in ("stop_sampled", "reset", "in_step"):
         if not isinstance(value, bool):
             raise bad("true or false")
+        return value
+    if name == "what":
+        if not isinstance(value, str) or not value:
+            raise bad("a non-empty string")
         return value
     if name == "state":
         if value not in AR_PAUSE_STATES:
@@ -100,12 +104,12 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
 
 def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
     """The event as a JSON-ready object (`stop_sampled` only when set: most logs script their
-    stops, and the field is then left out; `reset` likewise only when set; `cache_read_limit`
-    only when bounded; `drafts` only when some)."""
+    stops, and the field is then left out; `reset` and `in_step` likewise only when set;
+    `cache_read_limit` only when bounded; `drafts` only when some)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
-        if f.name in ("stop_sampled", "reset") and not value:
+        if f.name in ("stop_sampled", "reset", "in_step") and not value:
             continue
         if f.name == "drafts" and value == 0:
             continue

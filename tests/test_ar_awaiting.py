@@ -1,0 +1,344 @@
+"""`ArAwaiting` / `ArReady`: a request whose input is not ready yet (vLLM: a structured-output
+grammar still compiling) may be passed over, and is not admitted until it is ready (rule
+`awaiting`).
+
+vLLM passes over a request in `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR` and admits those behind
+it. Until the events existed no AR event said so, and a live vLLM log with grammars compiling
+late failed `fcfs_admission`, `policy_admission` or `progress` where vLLM was right. The live
+logs are `test_real_vllm_event_log_grammar`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from properties.ar.decisions import operations
+from properties.ar.trace_check import check_ar_trace
+from schedspec_cli.main import main
+from spec.ar.config import ArConfig, ArRules, Policy
+from spec.ar.events import (
+    ArAborted,
+    ArAwaiting,
+    ArBlocksAllocated,
+    ArBlocksFreed,
+    ArEvent,
+    ArFinished,
+    ArFinishReason,
+    ArPauseSet,
+    ArPreempted,
+    ArReady,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.machine import ArSpecMachine
+from spec.ar.profile import ArPolicy
+from spec.ar.trace import ar_event_from_dict, ar_event_to_dict, write_ar_trace
+from spec.errors import CannotDrive, SpecViolation
+from spec.trace import TraceFormatError
+
+# blocks of 4 tokens, 8 usable, a budget of 8 tokens, 2 seats
+CFG = ArConfig(
+    block_size=4, num_blocks=9, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=8
+)
+PRIORITY = CFG.replace(policy=Policy.PRIORITY)
+
+
+def log_of(events: Sequence[ArEvent], config: ArConfig = CFG) -> list[str]:
+    """The AR log of `events` under `config`."""
+    out = io.StringIO()
+    write_ar_trace(events, out, config, None)
+    return out.getvalue().splitlines(keepends=True)
+
+
+def verdict(events: Sequence[ArEvent], config: ArConfig = CFG) -> tuple[str, str]:
+    """(rule, message) the check gives the log of `events`; ("", "") when it conforms."""
+    result = check_ar_trace(log_of(events, config))
+    if result.violation is None:
+        return "", ""
+    return str(result.violation.rule), str(result.violation)
+
+
+def b_passes_a(ready: list[ArEvent]) -> list[ArEvent]:
+    """a awaits its grammar; b, behind it, is admitted in step 0 and finishes; then `ready`
+    (a's readiness, or nothing), and a is admitted in step 1."""
+    return [
+        ArSubmitted("a", 4, 1),
+        ArAwaiting("a", "grammar"),
+        ArSubmitted("b", 4, 1),
+        ArBlocksAllocated("b", (1,)),
+        ArScheduled("b", 4),
+        ArStepEnd(0),
+        ArBlocksFreed("b", (1,)),
+        ArFinished("b", ArFinishReason.LENGTH),
+        *ready,
+        ArBlocksAllocated("a", (2,)),
+        ArScheduled("a", 4),
+        ArStepEnd(1),
+        ArBlocksFreed("a", (2,)),
+        ArFinished("a", ArFinishReason.LENGTH),
+    ]
+
+
+def test_an_awaiting_request_is_passed_over_and_admitted_once_ready() -> None:
+    """FCFS admits b past a while a awaits; a is admitted after its ar_ready, whether the
+    ready comes between steps or in step 1's admission pass. Without the awaiting event the
+    same log breaks FCFS."""
+    assert verdict(b_passes_a([ArReady("a")])) == ("", "")
+    assert verdict(b_passes_a([ArReady("a", in_step=True)])) == ("", "")
+    bare = [e for e in b_passes_a([]) if not isinstance(e, ArAwaiting)]
+    rule, message = verdict(bare)
+    assert rule == "fcfs_admission" and "admitted 'b' while 'a' is ahead of it" in message
+
+
+def test_an_awaiting_request_is_not_admitted() -> None:
+    """Its first block (or token) before its ar_ready breaks `awaiting`, and the message
+    names what it awaits."""
+    rule, message = verdict(b_passes_a([]))
+    assert rule == "awaiting"
+    assert "ArBlocksAllocated for 'a', which awaits its grammar" in message
+    assert "awaiting=grammar" in message  # the state shows it
+
+
+def test_the_fcfs_message_names_the_awaiting_requests_passed_over() -> None:
+    """c is admitted past b (ready) while a awaits: the violation names b, and a as awaiting."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 1),
+        ArAwaiting("a", "grammar"),
+        ArSubmitted("b", 4, 1),
+        ArSubmitted("c", 4, 1),
+        ArBlocksAllocated("c", (1,)),
+        ArScheduled("c", 4),
+    ]
+    rule, message = verdict(events)
+    assert rule == "fcfs_admission"
+    assert "admitted 'c' while 'b' is ahead of it" in message and "awaiting ['a']" in message
+
+
+def test_priority_passes_over_an_awaiting_request_of_higher_priority() -> None:
+    """Under priority, b (priority 1) is admitted while a (priority 0) awaits; without the
+    awaiting event the log breaks `policy_admission`."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 1, priority=0),
+        ArAwaiting("a", "grammar"),
+        ArSubmitted("b", 4, 1, priority=1),
+        ArBlocksAllocated("b", (1,)),
+        ArScheduled("b", 4),
+        ArStepEnd(0),
+    ]
+    assert verdict(events, PRIORITY) == ("", "")
+    bare = [e for e in events if not isinstance(e, ArAwaiting)]
+    assert verdict(bare, PRIORITY)[0] == "policy_admission"
+
+
+def test_progress_asks_nothing_of_an_awaiting_request_but_a_ready_one_is_due() -> None:
+    """A step with only an awaiting request scheduled nothing: conforming. Once it is ready,
+    a step that schedules nothing breaks `progress`, and the message counts the awaiting."""
+    idle: list[ArEvent] = [ArSubmitted("a", 4, 1), ArAwaiting("a", "grammar"), ArStepEnd(0)]
+    assert verdict(idle) == ("", "")
+    rule, message = verdict([*idle, ArReady("a"), ArStepEnd(1)])
+    assert rule == "progress" and "scheduled nothing with 0 running and 1 waiting" in message
+    rule, message = verdict([*idle, ArSubmitted("b", 4, 1), ArStepEnd(1)])
+    assert rule == "progress" and "2 waiting (1 of them awaiting)" in message
+
+
+def test_an_awaiting_request_may_be_aborted() -> None:
+    """A grammar that fails to compile: vLLM ends the request with an error, never admitted."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 1),
+        ArAwaiting("a", "grammar"),
+        ArStepEnd(0),
+        ArAborted("a"),
+    ]
+    result = check_ar_trace(log_of(events))
+    assert result.violation is None and result.idle_at_end
+
+
+@pytest.mark.parametrize(
+    ("events", "words"),
+    [
+        (  # a step began since a's submission
+            [
+                ArSubmitted("x", 3, 2),
+                ArBlocksAllocated("x", (1,)),
+                ArScheduled("x", 3),
+                ArStepEnd(0),
+                ArSubmitted("a", 4, 1),
+                ArScheduled("x", 1),
+                ArStepEnd(1),
+                ArAwaiting("a", "grammar"),
+            ],
+            "1 step(s) after its submission",
+        ),
+        (  # a was scheduled
+            [
+                ArSubmitted("a", 4, 1),
+                ArBlocksAllocated("a", (1,)),
+                ArScheduled("a", 2),
+                ArStepEnd(0),
+                ArSubmitted("b", 4, 1),
+                ArAwaiting("a", "grammar"),
+            ],
+            "after it was scheduled",
+        ),
+        (  # a was scheduled, then preempted by a cache reset in this very gap
+            [
+                ArSubmitted("a", 4, 2),
+                ArBlocksAllocated("a", (1,)),
+                ArScheduled("a", 4),
+                ArStepEnd(0),
+                ArPreempted("a", (1,), reset=True),
+                ArAwaiting("a", "grammar"),
+            ],
+            "after it was scheduled",
+        ),
+        (  # inside a schedule phase
+            [
+                ArSubmitted("b", 4, 1),
+                ArBlocksAllocated("b", (1,)),
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+            ],
+            "inside step 0's schedule phase",
+        ),
+        (  # twice
+            [ArSubmitted("a", 4, 1), ArAwaiting("a", "grammar"), ArAwaiting("a", "grammar")],
+            "'a' already awaits its grammar",
+        ),
+        ([ArSubmitted("a", 4, 1), ArAwaiting("a", "")], "a non-empty string"),
+        ([ArSubmitted("a", 4, 1), ArReady("a")], "ar_ready for 'a', which awaits nothing"),
+        (  # ready inside the schedule phase, not said to be found there
+            [
+                ArSubmitted("b", 4, 1),
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+                ArBlocksAllocated("b", (1,)),
+                ArReady("a"),
+            ],
+            "without in_step",
+        ),
+        (  # found ready in a step that preempted: no waiting pass runs
+            [
+                ArSubmitted("b", 4, 4),
+                ArBlocksAllocated("b", (1,)),
+                ArScheduled("b", 4),
+                ArStepEnd(0),
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+                ArPreempted("b", (1,)),
+                ArReady("a", in_step=True),
+            ],
+            "the step preempted ['b']",
+        ),
+        (  # found ready while paused_new: no waiting pass admits
+            [
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+                ArPauseSet("paused_new"),
+                ArReady("a", in_step=True),
+            ],
+            "the step is paused_new",
+        ),
+    ],
+    ids=[
+        "late",
+        "scheduled",
+        "reset",
+        "in-step",
+        "twice",
+        "empty",
+        "not-awaiting",
+        "ready-in-step-unsaid",
+        "ready-after-preemption",
+        "ready-paused",
+    ],
+)
+def test_awaiting_and_ready_come_where_the_rule_says(events: list[ArEvent], words: str) -> None:
+    machine = ArSpecMachine(CFG)
+    *before, last = events
+    machine.apply_all(before)
+    with pytest.raises(SpecViolation) as caught:
+        machine.apply(last)
+    assert caught.value.rule == "awaiting" and words in str(caught.value), str(caught.value)
+
+
+def test_ready_in_step_starts_the_admission_pass_after_the_cache_aware_reorder() -> None:
+    """vLLM 0.34's cache-aware window reorders only requests of status WAITING: one awaiting
+    its grammar keeps its place. c (cached prefix) moves ahead of b; a, awaiting, is found
+    ready in the same pass after the reorder: admitting c first conforms."""
+    caching = CFG.replace(enable_prefix_caching=True, num_blocks=5)
+    window = ArPolicy(cache_aware_window=3, cache_aware_threshold=0.0)
+    prompt = (1, 2, 3, 4)
+    events: list[ArEvent] = [
+        ArSubmitted("x", 5, 1, prompt=(*prompt, 9)),
+        ArBlocksAllocated("x", (1, 2)),
+        ArScheduled("x", 5),
+        ArStepEnd(0),
+        ArBlocksFreed("x", (1, 2)),
+        ArFinished("x", ArFinishReason.LENGTH),
+        ArSubmitted("a", 4, 1, prompt=(7, 7, 7, 7)),
+        ArAwaiting("a", "grammar"),
+        ArSubmitted("b", 4, 1, prompt=(8, 8, 8, 8)),
+        ArSubmitted("c", 5, 1, prompt=(*prompt, 6)),
+        ArReady("a", in_step=True),
+    ]
+    machine = ArSpecMachine(caching, window)
+    machine.apply_all(events)
+    # the pass reordered while a awaited: a kept its place, c moved ahead of b
+    assert machine.unfinished_ids()[0] == ("a", "c", "b")
+
+
+def test_the_events_round_trip_through_a_log_line() -> None:
+    """`in_step` is written only when set; a bad `what` or `in_step` is a format error."""
+    for event in (ArAwaiting("a", "grammar"), ArReady("a"), ArReady("a", in_step=True)):
+        data = json.loads(json.dumps(ar_event_to_dict(event)))
+        assert ar_event_from_dict(data) == event
+    assert ar_event_to_dict(ArReady("a")) == {"kind": "ar_ready", "request_id": "a"}
+    with pytest.raises(TraceFormatError, match="must be a non-empty string"):
+        ar_event_from_dict({"kind": "ar_awaiting", "request_id": "a", "what": 3}, 7)
+    with pytest.raises(TraceFormatError, match="must be true or false"):
+        ar_event_from_dict({"kind": "ar_ready", "request_id": "a", "in_step": 1}, 7)
+
+
+def test_the_twin_refuses_a_log_with_an_awaiting_request(tmp_path: pytest.TempPathFactory) -> None:
+    """No AR twin waits for an input: `operations` raises `CannotDrive`, and `check-trace
+    --twin` exits 2 with one line; without --twin the log checks."""
+    events = b_passes_a([ArReady("a")])
+    with pytest.raises(CannotDrive, match="while its grammar is not ready"):
+        operations(events)
+    path = tmp_path / "awaiting.jsonl"  # type: ignore[operator]
+    path.write_text("".join(log_of(events)))
+    assert main(["check-trace", str(path)]) == 0
+    assert main(["check-trace", str(path), "--twin", "vllm-v1"]) == 2
+
+
+def test_aging_and_look_ahead_pass_over_an_awaiting_request() -> None:
+    """x runs. Aging: a has waited max_wait_steps while it awaits, and b is admitted first;
+    FCFS with a look-ahead of 1: b is admitted past a, which would fit. Both conform, and
+    break `aging_bound` and `fcfs_admission` without the awaiting event."""
+    aging = CFG.replace(policy=Policy.AGING, max_wait_steps=1)
+    events: list[ArEvent] = [
+        ArSubmitted("x", 3, 2),
+        ArSubmitted("a", 4, 1),
+        ArAwaiting("a", "grammar"),
+        ArBlocksAllocated("x", (1,)),
+        ArScheduled("x", 3),
+        ArStepEnd(0),
+        ArSubmitted("b", 4, 2),
+        ArScheduled("x", 1),
+        ArBlocksAllocated("b", (2,)),
+        ArScheduled("b", 4),
+        ArStepEnd(1),
+    ]
+    bare = [e for e in events if not isinstance(e, ArAwaiting)]
+    assert verdict(events, aging) == ("", "")
+    assert verdict(bare, aging)[0] == "aging_bound"
+    look_ahead = ArPolicy(rules=ArRules(fcfs_lookahead=1))
+    ArSpecMachine(CFG, look_ahead).apply_all(events)
+    with pytest.raises(SpecViolation) as caught:
+        ArSpecMachine(CFG, look_ahead).apply_all(bare)
+    assert caught.value.rule == "fcfs_admission" and "past 'a'" in str(caught.value)

@@ -1,0 +1,279 @@
+"""The live `VllmEventLog` with structured-output grammars that compile late.
+
+vLLM passes over a request whose grammar is still compiling (`WAITING_FOR_STRUCTURED_OUTPUT_
+GRAMMAR`) and admits the requests behind it; its waiting pass promotes the request once the
+grammar has compiled. The log says so: `ArAwaiting` "grammar" after the request's submission,
+`ArReady` with `in_step` at the start of the pass that promoted it. Before the events the
+check failed such logs on `fcfs_admission`, `policy_admission` or `progress` where vLLM was
+right: the same logs without those lines still do, here. Two seeded vLLM bugs show the rule
+`awaiting` and the admission rules catch what vLLM could get wrong.
+
+Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.core_loop import EngineCoreViolation
+from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, core_program
+from integrations.vllm.event_log import VllmEventLog, grammar_compiled
+from integrations.vllm.multi_turn_programs import multi_turn_program
+from integrations.vllm.settings_034 import Vllm034Settings
+from properties.ar.trace_check import check_ar_trace
+from spec.ar.config import ArConfig, ArRequest
+from spec.errors import ConfigError
+from tests.engine_gate import require_engine
+from tests.test_real_vllm_event_log_lookahead import checked_logs
+from tests.test_real_vllm_structured import LATE
+from tests.vllm_seeded_bugs import (
+    compiled_grammar_passed_once,
+    compiled_grammar_seen_late,
+    grammar_wait_ignored,
+)
+
+#: Generated programs (`core_program`, and next turns with prefix caching), every other
+#: request guided, each grammar compiling 0 to 3 engine steps late or (one in six) failing.
+CORE_SEEDS = range(10)
+NEXT_TURN_SEEDS = range(5)
+#: What the admission rules say of a log whose awaiting requests are not marked.
+ADMISSION_RULES = {"fcfs_admission", "policy_admission", "progress"}
+
+
+@pytest.fixture(autouse=True)
+def _vllm() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def late_grammar_log(
+    program: CoreProgram,
+    into: list[str],
+    *,
+    draw: Callable[[str], tuple[int, bool]] | None = None,
+    bug: Callable[[Any], None] | None = None,
+    method: str | None = None,
+    seed: int = 0,
+    window: int = 0,
+) -> None:
+    """The live log of the engine-core loop serving `program` with structured output and
+    grammars compiled late (as `draw` scripts them, when given), into `into`; `bug` is planted
+    in the scheduler first; with 3 drafts by `method` (drawn by `seed`) when given, and vLLM
+    0.34.0's cache-aware window of `window` (threshold 0) when not 0."""
+
+    def attach(scheduler: Any) -> None:
+        if bug is not None:
+            bug(scheduler)
+        VllmEventLog(scheduler, into.append)
+
+    drafts: dict[str, Any] = (
+        {"speculative_tokens": 3, "speculative_method": method, "draft_seed": seed}
+        if method
+        else {}
+    )
+    if window:
+        drafts["settings_034"] = Vllm034Settings(
+            cache_aware_window=window, cache_aware_threshold=0.0
+        )
+    loop = EngineCoreLoop(
+        program.config,
+        async_scheduling=False,
+        structured_output=True,
+        late_grammars=True,
+        mutate=attach,
+        **drafts,
+    )
+    if draw is not None:
+        assert loop.late is not None
+        loop.late.draw = draw
+    loop.run(program)
+
+
+def tally_late_grammar_logs(
+    programs: str, method: str | None, seeds: Iterable[int], window: int = 0
+) -> dict[str, int]:
+    """For the by-hand runs of docs/engines/vllm.md: over the `seeds`' logs of `programs`
+    ("core": `core_program`, "next-turn": `multi_turn_program`) with late grammars (drafts by
+    `method`, vLLM 0.34.0's cache-aware `window`), how many conform, are refused at start-up or
+    stopped (`checked_logs`), how many `ar_awaiting` and `ar_ready` lines they hold, and by
+    which rule the logs without those lines fail."""
+    tally: Counter[str] = Counter()
+
+    def write(seed: int, into: list[str]) -> None:
+        program = core_program(seed) if programs == "core" else multi_turn_program(seed)
+        late_grammar_log(program, into, method=method, seed=seed, window=window)
+
+    for lines, result in checked_logs(write, seeds, tally):
+        found = result.violation
+        tally["conform" if found is None else f"violation: {found.rule}"] += 1
+        events = kinds(lines)
+        tally["awaiting"] += sum(kind == "ar_awaiting" for kind, _ in events)
+        tally["ready"] += sum(kind == "ar_ready" for kind, _ in events)
+        bare = check_ar_trace(without_awaiting(lines)).violation
+        tally["without the events: " + ("conform" if bare is None else bare.rule)] += 1
+    return dict(tally)
+
+
+def kinds(lines: list[str]) -> list[tuple[str, str | None]]:
+    """Each event line's (kind, request id)."""
+    return [(e["kind"], e.get("request_id")) for e in map(json.loads, lines[1:])]
+
+
+def without_awaiting(lines: list[str]) -> list[str]:
+    """The log without its `ar_awaiting` and `ar_ready` lines: what it was before the events."""
+    return [line for line in lines if '"ar_awaiting"' not in line and '"ar_ready"' not in line]
+
+
+def test_generated_programs_conform_and_fail_without_the_awaiting_lines() -> None:
+    """Every log conforms; the programs had requests waiting for their grammars, promoted in
+    a pass; and without the events most logs fail an admission rule (all 15 on vLLM 0.33.0),
+    none another rule."""
+    tally: Counter[str] = Counter()
+
+    def write(seed: int, into: list[str]) -> None:
+        program = core_program(seed) if seed >= 0 else multi_turn_program(-1 - seed)
+        late_grammar_log(program, into)
+
+    seeds = [*CORE_SEEDS, *(-1 - s for s in NEXT_TURN_SEEDS)]
+    for lines, result in checked_logs(write, seeds, tally):
+        assert result.violation is None, f"{result.violation}\n{''.join(lines)}"
+        tally["conform"] += 1
+        events = kinds(lines)
+        tally["awaiting"] += sum(kind == "ar_awaiting" for kind, _ in events)
+        tally["ready"] += sum(kind == "ar_ready" for kind, _ in events)
+        bare = check_ar_trace(without_awaiting(lines)).violation
+        if bare is not None:
+            assert bare.rule in ADMISSION_RULES, str(bare)
+            tally["fail without"] += 1
+    assert tally["conform"] == len(seeds), tally
+    assert tally["awaiting"] > 40 and tally["ready"] > 25, tally
+    assert tally["fail without"] >= len(seeds) * 2 // 3, tally
+
+
+def test_a_request_waiting_for_its_grammar_is_passed_then_promoted() -> None:
+    """`LATE`: r0's grammar compiles 3 engine steps late. The log marks r0 awaiting after its
+    submission, admits r1 past it, and marks r0 ready (in_step) at the start of the pass that
+    admits it; it conforms, and fails `fcfs_admission` without the two lines."""
+    lines: list[str] = []
+    late_grammar_log(LATE, lines, draw=lambda rid: (3, False))
+    events = kinds(lines)
+    assert events[:4] == [
+        ("ar_submitted", "r0"),
+        ("ar_awaiting", "r0"),
+        ("ar_submitted", "r1"),
+        ("ar_blocks_allocated", "r1"),
+    ]
+    ready = events.index(("ar_ready", "r0"))
+    assert events[ready + 1] == ("ar_blocks_allocated", "r0")
+    assert json.loads(lines[1 + ready]) == {"kind": "ar_ready", "request_id": "r0", "in_step": True}
+    assert check_ar_trace(lines).violation is None
+    bare = check_ar_trace(without_awaiting(lines)).violation
+    assert bare is not None and bare.rule == "fcfs_admission", bare
+
+
+def test_a_grammar_that_fails_ends_its_request_while_it_awaits() -> None:
+    """r0's grammar fails to compile: vLLM ends r0 with an error, never admitted, never ready:
+    the log's abort of an awaiting request conforms."""
+    lines: list[str] = []
+    late_grammar_log(LATE, lines, draw=lambda rid: (1, True))
+    events = kinds(lines)
+    assert ("ar_awaiting", "r0") in events and ("ar_aborted", "r0") in events
+    assert ("ar_ready", "r0") not in events
+    assert check_ar_trace(lines).violation is None
+
+
+@pytest.mark.parametrize(
+    ("bug", "delay", "rule", "words", "loop_stops"),
+    [
+        (grammar_wait_ignored, 3, "awaiting", "for 'r0', which awaits its grammar", True),
+        (compiled_grammar_passed_once, 0, "fcfs_admission", "admitted 'r1' while 'r0'", True),
+        (compiled_grammar_seen_late, 0, "fcfs_admission", "admitted 'r1' while 'r0'", False),
+    ],
+    ids=["admitted-while-compiling", "passed-once-compiled", "compiled-seen-late"],
+)
+def test_seeded_grammar_bugs_are_caught(
+    bug: Callable[[Any], None], delay: int, rule: str, words: str, loop_stops: bool
+) -> None:
+    """vLLM admitting a request whose grammar still compiles breaks `awaiting`; vLLM passing
+    over a request it has just promoted, or whose compiled grammar it leaves unseen, breaks
+    FCFS. The first two also stop the engine-core loop (its own admission check, vLLM's error
+    at the grammar bitmask), and the log written so far is checked; the loop's own check
+    passes over a request still in the grammar's status, so only the log catches the third."""
+    lines: list[str] = []
+    stopped = False
+    try:
+        late_grammar_log(LATE, lines, draw=lambda rid: (delay, False), bug=bug)
+    except EngineCoreViolation:
+        stopped = True
+    assert stopped == loop_stops
+    found = check_ar_trace(lines).violation
+    assert found is not None and found.rule == rule and words in str(found), found
+
+
+P = (11, 12, 13, 14)  # a prompt the first requests cache (two blocks of 2)
+#: x0 (guided) and x1 cache `P` and finish in the first steps; in step 2, a (guided) and then
+#: c, whose prompt continues `P`, arrive with one seat between them
+WINDOWED = CoreProgram(
+    ArConfig(
+        block_size=2,
+        num_blocks=16,
+        max_num_batched_tokens=8,
+        max_num_seqs=1,
+        max_model_len=12,
+        enable_prefix_caching=True,
+    ),
+    (
+        (ArRequest("x0", 4, 1, prompt=P), ArRequest("x1", 4, 1, prompt=P)),
+        (),
+        (ArRequest("a", 3, 2, prompt=(21, 22, 23)), ArRequest("c", 5, 2, prompt=(*P, 15))),
+    ),
+    ((), (), ()),
+)
+
+
+def test_a_request_found_ready_keeps_its_place_through_the_cache_aware_reorder() -> None:
+    """vLLM 0.34.0's cache-aware window (3, threshold 0) moves only requests of status
+    `WAITING`: when the pass begins, a still waits for its grammar (which has compiled), so
+    the reorder leaves it ahead of c, whose prefix is cached; the pass then promotes and
+    admits a. The log's `ArReady(a, in_step=true)` starts the admission pass after the
+    reorder, and the log conforms. Written between steps instead, the ready would let the
+    spec's reorder move c ahead of a, and the log fails `fcfs_admission`. (On 0.33.0, which
+    has no window, skipped; `test_real_vllm_newest` runs it on 0.34.0.)"""
+    lines: list[str] = []
+    try:
+        late_grammar_log(WINDOWED, lines, draw=lambda rid: (0, False), window=3)
+    except ConfigError as err:
+        assert "new in vLLM 0.34.0" in str(err), err
+        pytest.skip("the loaded vLLM has no cache-aware window (0.34.0 has)")
+    assert '"cache_aware_window":3' in lines[0].replace(" ", ""), lines[0]
+    events = kinds(lines)
+    ready = events.index(("ar_ready", "a"))
+    assert events[ready + 1 : ready + 2] == [("ar_blocks_allocated", "a")], events
+    assert check_ar_trace(lines).violation is None
+    between = [line.replace(',"in_step":true', "") for line in lines]
+    found = check_ar_trace(between).violation
+    assert found is not None and found.rule == "fcfs_admission", found
+    assert "admitted 'a' while 'c' is ahead of it" in str(found), found
+
+
+def test_the_log_reads_a_grammar_without_resolving_it() -> None:
+    """`grammar_compiled` is True for a compiled grammar, False for a pending or failed one,
+    and leaves vLLM's future in place (vLLM resolves it when its waiting pass looks)."""
+    pending: Future[object] = Future()
+    request = SimpleNamespace(structured_output_request=SimpleNamespace(_grammar=pending))
+    assert not grammar_compiled(request)
+    pending.set_result(object())
+    assert grammar_compiled(request) and request.structured_output_request._grammar is pending
+    failed: Future[object] = Future()
+    failed.set_exception(ValueError("does not compile"))
+    assert not grammar_compiled(
+        SimpleNamespace(structured_output_request=SimpleNamespace(_grammar=failed))
+    )
+    assert not grammar_compiled(SimpleNamespace(structured_output_request=None))
