@@ -10,15 +10,22 @@ logs are `test_real_vllm_event_log_grammar`.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from properties.ar.decisions import operations
+from properties.ar.decisions import operations, twin_difference
+from properties.ar.harness import ArAwait, ArInputReady, ArStep
 from properties.ar.trace_check import check_ar_trace
+from reference.ar.prefix_cache import PrefixCachingVllmV1
+from reference.ar.vidur import make_vidur_vllm
+from reference.ar.vllm_v1 import VLLM_033
 from schedspec_cli.main import main
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, Policy
 from spec.ar.events import (
     ArAborted,
@@ -234,6 +241,43 @@ def test_an_awaiting_request_may_be_aborted() -> None:
             ],
             "the step preempted ['b']",
         ),
+        (  # found ready after the pass admitted b: a writer hiding b's admission past a
+            [
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+                ArSubmitted("b", 4, 1),
+                ArBlocksAllocated("b", (1,)),
+                ArScheduled("b", 4),
+                ArReady("a", in_step=True),
+            ],
+            "after a waiting request's admission events",
+        ),
+        (  # a preemption after the pass found a ready
+            [
+                ArSubmitted("b", 4, 4),
+                ArBlocksAllocated("b", (1,)),
+                ArScheduled("b", 4),
+                ArStepEnd(0),
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+                ArReady("a", in_step=True),
+                ArPreempted("b", (1,)),
+            ],
+            "'b' preempted after step 1's admission pass found ['a'] ready",
+        ),
+        (  # a running request scheduled after the pass found a ready
+            [
+                ArSubmitted("b", 4, 4),
+                ArBlocksAllocated("b", (1,)),
+                ArScheduled("b", 4),
+                ArStepEnd(0),
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+                ArReady("a", in_step=True),
+                ArScheduled("b", 1),
+            ],
+            "ArScheduled for running 'b' after step 1's admission pass found ['a'] ready",
+        ),
         (  # found ready while paused_new: no waiting pass admits
             [
                 ArSubmitted("a", 4, 1),
@@ -254,6 +298,9 @@ def test_an_awaiting_request_may_be_aborted() -> None:
         "not-awaiting",
         "ready-in-step-unsaid",
         "ready-after-preemption",
+        "ready-after-admission",
+        "preemption-after-ready",
+        "running-after-ready",
         "ready-paused",
     ],
 )
@@ -268,28 +315,55 @@ def test_awaiting_and_ready_come_where_the_rule_says(events: list[ArEvent], word
 
 def test_ready_in_step_starts_the_admission_pass_after_the_cache_aware_reorder() -> None:
     """vLLM 0.34's cache-aware window reorders only requests of status WAITING: one awaiting
-    its grammar keeps its place. c (cached prefix) moves ahead of b; a, awaiting, is found
-    ready in the same pass after the reorder: admitting c first conforms."""
-    caching = CFG.replace(enable_prefix_caching=True, num_blocks=5)
-    window = ArPolicy(cache_aware_window=3, cache_aware_threshold=0.0)
+    its grammar keeps its place. With one seat, c (cached prefix) moves ahead of b; a,
+    awaiting, is found ready in the same pass after the reorder and admitted: the log
+    conforms, and the vllm-v1 twin with the window (threshold 0) decides alike. Ready
+    between steps instead, a would be reordered behind c, and its admission breaks FCFS."""
+    caching = CFG.replace(enable_prefix_caching=True, num_blocks=5, max_num_seqs=1)
+    window = ArPolicy(
+        lone_request_threshold_exempt=True,
+        full_sequence_admission=True,
+        cache_aware_window=3,
+        cache_aware_threshold=0.0,
+    )
     prompt = (1, 2, 3, 4)
-    events: list[ArEvent] = [
-        ArSubmitted("x", 5, 1, prompt=(*prompt, 9)),
-        ArBlocksAllocated("x", (1, 2)),
-        ArScheduled("x", 5),
-        ArStepEnd(0),
-        ArBlocksFreed("x", (1, 2)),
-        ArFinished("x", ArFinishReason.LENGTH),
-        ArSubmitted("a", 4, 1, prompt=(7, 7, 7, 7)),
-        ArAwaiting("a", "grammar"),
-        ArSubmitted("b", 4, 1, prompt=(8, 8, 8, 8)),
-        ArSubmitted("c", 5, 1, prompt=(*prompt, 6)),
-        ArReady("a", in_step=True),
-    ]
+
+    def events(ready: ArReady) -> list[ArEvent]:
+        return [
+            ArSubmitted("x", 5, 1, prompt=(*prompt, 9)),
+            ArBlocksAllocated("x", (1, 2)),
+            ArScheduled("x", 5),
+            ArStepEnd(0),
+            ArBlocksFreed("x", (1, 2)),
+            ArFinished("x", ArFinishReason.LENGTH),
+            ArSubmitted("a", 4, 1, prompt=(7, 7, 7, 7)),
+            ArAwaiting("a", "grammar"),
+            ArSubmitted("b", 4, 1, prompt=(8, 8, 8, 8)),
+            ArSubmitted("c", 5, 1, prompt=(*prompt, 6)),
+            ready,
+            ArBlocksAllocated("a", (3,)),
+            ArScheduled("a", 4),
+            ArStepEnd(1),
+            ArBlocksFreed("a", (3,)),
+            ArFinished("a", ArFinishReason.LENGTH),
+        ]
+
+    found = events(ArReady("a", in_step=True))
     machine = ArSpecMachine(caching, window)
-    machine.apply_all(events)
+    machine.apply_all(found[:11])
     # the pass reordered while a awaited: a kept its place, c moved ahead of b
     assert machine.unfinished_ids()[0] == ("a", "c", "b")
+    machine.apply_all(found[11:])
+    options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
+
+    def twin(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        return PrefixCachingVllmV1(config, sink, options)
+
+    assert twin_difference(operations(found), found, caching, twin, window) is None
+    with pytest.raises(SpecViolation) as caught:
+        ArSpecMachine(caching, window).apply_all(events(ArReady("a")))
+    assert caught.value.rule == "fcfs_admission", str(caught.value)
+    assert "admitted 'a' while 'c' is ahead of it" in str(caught.value)
 
 
 def test_the_events_round_trip_through_a_log_line() -> None:
@@ -304,16 +378,39 @@ def test_the_events_round_trip_through_a_log_line() -> None:
         ar_event_from_dict({"kind": "ar_ready", "request_id": "a", "in_step": 1}, 7)
 
 
-def test_the_twin_refuses_a_log_with_an_awaiting_request(tmp_path: pytest.TempPathFactory) -> None:
-    """No AR twin waits for an input: `operations` raises `CannotDrive`, and `check-trace
-    --twin` exits 2 with one line; without --twin the log checks."""
-    events = b_passes_a([ArReady("a")])
-    with pytest.raises(CannotDrive, match="while its grammar is not ready"):
-        operations(events)
-    path = tmp_path / "awaiting.jsonl"  # type: ignore[operator]
+def test_the_twin_replays_an_awaiting_request(tmp_path: Path) -> None:
+    """`operations` holds the request back (`ArAwait`) and releases it before the step whose
+    pass found it ready (`ArInputReady`); the vllm-v1 twin decides alike whether the ready
+    came between steps or in the pass. A twin that holds nothing back is `CannotDrive`."""
+    events = b_passes_a([ArReady("a", in_step=True)])
+    ops = operations(events)
+    assert ops[1] == ArAwait("a", "grammar") and ops[4:] == [ArInputReady("a"), ArStep()]
+    for ready in (ArReady("a"), ArReady("a", in_step=True)):
+        path = tmp_path / "awaiting.jsonl"
+        path.write_text("".join(log_of(b_passes_a([ready]))))
+        assert main(["check-trace", str(path), "--twin", "vllm-v1"]) == 0
+    with pytest.raises(CannotDrive, match="holds back no request awaiting an input"):
+        twin_difference(ops, events, CFG.replace(enable_chunked_prefill=False), make_vidur_vllm)
+
+
+def test_the_twin_catches_a_request_left_waiting_behind_an_awaiting_one(tmp_path: Path) -> None:
+    """x runs; b waits behind a, which awaits, though it fits: the log conforms (no rule asks
+    an admission), and the vllm-v1 twin, which admits b past a, tells the difference."""
+    events: list[ArEvent] = [
+        ArSubmitted("x", 3, 3),
+        ArBlocksAllocated("x", (1,)),
+        ArScheduled("x", 3),
+        ArStepEnd(0),
+        ArSubmitted("a", 4, 1),
+        ArAwaiting("a", "grammar"),
+        ArSubmitted("b", 4, 1),
+        ArScheduled("x", 1),
+        ArStepEnd(1),
+    ]
+    assert verdict(events) == ("", "")
+    path = tmp_path / "behind.jsonl"
     path.write_text("".join(log_of(events)))
-    assert main(["check-trace", str(path)]) == 0
-    assert main(["check-trace", str(path), "--twin", "vllm-v1"]) == 2
+    assert main(["check-trace", str(path), "--twin", "vllm-v1"]) == 1
 
 
 def test_aging_and_look_ahead_pass_over_an_awaiting_request() -> None:

@@ -13,10 +13,13 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,12 +32,14 @@ from integrations.vllm.event_log import VllmEventLog, grammar_compiled
 from integrations.vllm.multi_turn_programs import multi_turn_program
 from integrations.vllm.settings_034 import Vllm034Settings
 from properties.ar.trace_check import check_ar_trace
+from schedspec_cli.main import main
 from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.test_real_vllm_event_log_lookahead import checked_logs
 from tests.test_real_vllm_structured import LATE
 from tests.vllm_seeded_bugs import (
+    blocked_grammar_stops_the_pass,
     compiled_grammar_passed_once,
     compiled_grammar_seen_late,
     grammar_wait_ignored,
@@ -215,6 +220,49 @@ def test_seeded_grammar_bugs_are_caught(
     assert stopped == loop_stops
     found = check_ar_trace(lines).violation
     assert found is not None and found.rule == rule and words in str(found), found
+
+
+#: x (guided, its grammar at once) runs 10 steps; a (guided, 4 steps late) and b arrive next
+BEHIND = CoreProgram(
+    ArConfig(block_size=2, num_blocks=16, max_num_batched_tokens=8, max_model_len=16),
+    ((ArRequest("x", 2, 10), ArRequest("y", 2, 1)), (ArRequest("a", 2, 2), ArRequest("b", 2, 2))),
+    ((), ()),
+)
+
+
+def twin_verdict(lines: list[str], tmp_path: Path) -> tuple[int, str]:
+    """`check-trace LOG --twin vllm-v1` (`vllm-v1-prefix` with prefix caching) on the log:
+    its exit code and what it printed."""
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    twin = "vllm-v1-prefix" if json.loads(lines[0])["enable_prefix_caching"] else "vllm-v1"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(["check-trace", str(path), "--twin", twin])
+    return code, out.getvalue()
+
+
+def test_the_twin_replays_awaiting_requests_and_catches_a_pass_that_stops_at_one(
+    tmp_path: Path,
+) -> None:
+    """The reference vllm-v1 holds an awaiting request back as vLLM does, so `--twin` replays
+    late-grammar logs and decides alike. vLLM stopping its pass at a request whose grammar
+    still compiles leaves b waiting 3 steps though it fits: no admission-order rule sees that
+    (the log conforms), the twin, which admits b in the step it arrives, does."""
+    for bug in (None, blocked_grammar_stops_the_pass):
+        lines: list[str] = []
+        late_grammar_log(BEHIND, lines, draw=lambda rid: (4 if rid == "a" else 0, False), bug=bug)
+        assert check_ar_trace(lines).violation is None
+        code, said = twin_verdict(lines, tmp_path)
+        if bug is None:
+            assert code == 0 and "its twin vllm-v1 decides alike" in said, said
+        else:
+            assert code == 1 and "[twin_decisions]" in said and "'b'" in said, said
+    for seed in CORE_SEEDS:  # generated programs: the twin decides alike
+        lines = []
+        late_grammar_log(core_program(seed), lines)
+        code, said = twin_verdict(lines, tmp_path)
+        assert code == 0, said
 
 
 P = (11, 12, 13, 14)  # a prompt the first requests cache (two blocks of 2)

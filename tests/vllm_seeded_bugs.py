@@ -928,3 +928,25 @@ def compiled_grammar_seen_late(sched: Any) -> None:
         return bool(original(request))
 
     sched._handle_blocked_waiting_request = handle
+
+
+def blocked_grammar_stops_the_pass(sched: Any) -> None:
+    """Seeded bug: the waiting pass stops at a request whose grammar still compiles, as a
+    `break` where vLLM skips it: the requests behind it wait though they fit (head-of-line
+    blocking). No admission-order rule sees it; the decision twin does."""
+    handle_own, schedule_own = sched._handle_blocked_waiting_request, sched.schedule
+    stopped = [False]  # this pass has met a request still waiting for its grammar
+
+    def handle(request: Any) -> bool:
+        if stopped[0]:
+            return False
+        ready = bool(handle_own(request))
+        stopped[0] = not ready and request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+        return ready
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        stopped[0] = False
+        return schedule_own(*args, **kwargs)
+
+    sched._handle_blocked_waiting_request = handle
+    sched.schedule = schedule

@@ -453,6 +453,7 @@ class VllmEventLog:
     def _schedule(self, *args: Any, **kwargs: Any) -> Any:
         sched = self.scheduler
         before = self._view(f"before schedule() in step {self._step}")
+        self._found_ready.clear()  # what a pass that raised found is not this pass's
         out = self._calls["schedule"](*args, **kwargs)
         scheduled = {str(rid): int(n) for rid, n in out.num_scheduled_tokens.items()}
         after = self._view(f"after schedule() in step {self._step}", scheduled)

@@ -18,7 +18,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from properties.ar.harness import ArAbort, ArHarness, ArOp, ArStep, ArSubmit
+from properties.ar.harness import (
+    ArAbort,
+    ArAwait,
+    ArHarness,
+    ArInputReady,
+    ArOp,
+    ArStep,
+    ArSubmit,
+)
 from properties.deadline import CallDeadlineExceeded, TwinHung, call_deadline
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import ArConfig, ArRequest
@@ -31,6 +39,7 @@ from spec.ar.events import (
     ArOutputTokens,
     ArPauseSet,
     ArPreempted,
+    ArReady,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
@@ -47,14 +56,14 @@ def operations(
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
-    `ArAborted`, a step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's
-    preemption, a request awaiting its input (`ArAwaiting`) or draft tokens, which no twin
-    replays, and, given the log's `config` and
-    `policy`, at a cache hit on another request's named outputs: `NamedOutputHits`). A
-    rejected submission or an abort that changed nothing left no event and changes nothing; a
-    drain shows as the steps it ran. A request whose stop the log's engine sampled
-    (`stop_sampled`) is scripted to stop where it did: its outputs at that finish,
-    `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off the log)."""
+    `ArAborted`, a request held back per `ArAwaiting` and released per `ArReady` (before the
+    step whose admission pass found it ready), a step per `ArStepEnd` (`CannotDrive` at a
+    pause, a cache reset's preemption or draft tokens, which no twin replays, and, given the
+    log's `config` and `policy`, at a cache hit on another request's named outputs:
+    `NamedOutputHits`). A rejected submission or an abort that changed nothing left no event
+    and changes nothing; a drain shows as the steps it ran. A request whose stop the log's
+    engine sampled (`stop_sampled`) is scripted to stop where it did: its outputs at that
+    finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off the log)."""
     stops = sampled_stops or {}
     ops: list[ArOp] = []
     submitted = 0
@@ -89,10 +98,9 @@ def operations(
         elif isinstance(e, ArAborted):
             ops.append(ArAbort(e.request_id))
         elif isinstance(e, ArAwaiting):
-            raise CannotDrive(
-                f"the log holds {e.request_id!r} back while its {e.what} is not ready "
-                "(ar_awaiting), an input no AR twin waits for: check the log without --twin"
-            )
+            ops.append(ArAwait(e.request_id, e.what))
+        elif isinstance(e, ArReady):  # before the step that found it ready, or between steps
+            ops.append(ArInputReady(e.request_id))
         elif (isinstance(e, ArPreempted) and e.reset) or isinstance(e, ArPauseSet):
             what = "pauses the scheduler" if isinstance(e, ArPauseSet) else "resets its cache"
             raise CannotDrive(
@@ -180,6 +188,10 @@ def apply_ar_ops(harness: ArHarness, ops: Sequence[ArOp]) -> None:
             harness.abort(op.request_id)
         elif isinstance(op, ArStep):
             harness.step()
+        elif isinstance(op, ArAwait):
+            harness.await_input(op.request_id, op.what)
+        elif isinstance(op, ArInputReady):
+            harness.input_ready(op.request_id)
         else:
             harness.drain(op.max_steps)
 
@@ -218,6 +230,8 @@ def twin_difference(
         for op in ops:  # each call under its deadline, as the implementation's are
             with call_deadline(f"its {type(op).__name__.removeprefix('Ar').lower()}"):
                 apply_ar_ops(h, [op])
+    except CannotDrive:  # an operation the twin has no way to take: no check, no finding
+        raise
     except ConfigError as err:  # a configuration the twin does not run: no check, no finding
         raise CannotDrive(
             f"the decision twin refuses the configuration it was given ({err}): name a twin that "

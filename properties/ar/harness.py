@@ -7,7 +7,8 @@ step, abort and drain. The spec checks the ordering rules the implementation dec
 (`adapter.rules`); the core rules hold for all.
 
 The harness records every operation it was asked for (`ops`: `ArSubmit`, `ArAbort`, `ArStep`,
-`ArDrain`, rejected submissions and unknown aborts included), so that the same run can be
+`ArDrain`, and for a request awaiting an input `ArAwait` and `ArInputReady`; rejected
+submissions and unknown aborts included), so that the same run can be
 replayed through another implementation (`properties.ar.decisions`).
 """
 
@@ -18,13 +19,13 @@ from typing import TypeAlias
 
 from properties.adapter_check import require_adapter
 from properties.replay import ReplayHarness
-from spec.ar.adapter import ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.adapter import ArAwaitingAdapter, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.events import ArEvent, ArStepEnd, ArSubmitted
 from spec.ar.lifecycles import AR_ACTIVE_PHASES, ArPhase
 from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArPolicy
-from spec.errors import RequestError, SpecViolation, UnknownRequest
+from spec.errors import CannotDrive, RequestError, SpecViolation, UnknownRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,23 @@ class ArDrain:
     max_steps: int
 
 
-ArOp: TypeAlias = ArSubmit | ArAbort | ArStep | ArDrain
+@dataclass(frozen=True, slots=True)
+class ArAwait:
+    """The operation that holds the request just submitted back until its input is ready
+    (`ArAwaitingAdapter.await_input`)."""
+
+    request_id: str
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArInputReady:
+    """The operation that says the awaited input is ready (`ArAwaitingAdapter.input_ready`)."""
+
+    request_id: str
+
+
+ArOp: TypeAlias = ArSubmit | ArAbort | ArStep | ArDrain | ArAwait | ArInputReady
 
 
 @dataclass
@@ -127,6 +144,27 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
             active=self.spec.request_phase(request_id) in AR_ACTIVE_PHASES,
             aborted=lambda: self.spec.request_phase(request_id) is ArPhase.ABORTED,
         )
+
+    def awaiting_impl(self) -> ArAwaitingAdapter:
+        """The implementation as an `ArAwaitingAdapter`; `CannotDrive` when it is not one."""
+        impl = self.impl
+        if not isinstance(impl, ArAwaitingAdapter):
+            raise CannotDrive(
+                f"{type(impl).__name__} holds back no request awaiting an input (it has no "
+                "await_input and input_ready), and the log has such a request (ar_awaiting): "
+                "check the log without --twin, or name a twin that has them (vllm-v1)"
+            )
+        return impl
+
+    def await_input(self, request_id: str, what: str) -> None:
+        """Hold the request back until `input_ready` (`ArAwaitingAdapter`)."""
+        self.ops.append(ArAwait(request_id, what))
+        self.awaiting_impl().await_input(request_id, what)
+
+    def input_ready(self, request_id: str) -> None:
+        """The awaited input of the request is ready (`ArAwaitingAdapter`)."""
+        self.ops.append(ArInputReady(request_id))
+        self.awaiting_impl().input_ready(request_id)
 
     def step(self) -> None:
         """Run one step; it must end (`ArStepEnd`, else `step_order`), then the snapshot is

@@ -76,7 +76,8 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
         ):
             return
         head = list(self.waiting)[:window]
-        places = [i for i, req in enumerate(head) if req.num_restarts == 0]
+        # a request awaiting its input keeps its place, as in vLLM (status not WAITING)
+        places = [i for i, req in enumerate(head) if req.num_restarts == 0 and req.awaiting is None]
         if len(places) < 2:
             return
         depth = {i: self._cached_tokens(head[i]) for i in places}
@@ -87,7 +88,8 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
     def _schedule_waiting(self, budget: int) -> None:
         bs = self.config.block_size
         self._reorder_by_cached_prefix()
-        while self.waiting and budget > 0:
+        self._promote_ready()
+        while self._admissible() and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             req = self._peek_waiting()

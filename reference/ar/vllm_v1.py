@@ -65,7 +65,9 @@ from dataclasses import dataclass
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
+from spec.ar.events import ArAwaiting, ArReady
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
+from spec.errors import UnknownRequest
 from spec.implementation import ArImplementation
 
 
@@ -285,15 +287,53 @@ class VllmV1Scheduler(ArSchedulerBase):
             return (req.attained, req.arrival)
         return (0, req.arrival)
 
+    # ------------------------------------------------------------------ inputs awaited
+    def await_input(self, request_id: str, what: str) -> None:
+        """The request just submitted may not be admitted until `input_ready` (vLLM: its
+        structured-output grammar is still compiling, status
+        `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`); emits `ArAwaiting`. `UnknownRequest` for an
+        id that is not waiting."""
+        req = self._waiting_request(request_id)
+        req.awaiting = what
+        self.sink(ArAwaiting(request_id, what))
+
+    def input_ready(self, request_id: str) -> None:
+        """The awaited input is ready: the next waiting pass promotes the request after its
+        cache-aware reorder, as vLLM's pass promotes a request whose grammar has compiled
+        (`ArReady` with `in_step`). `UnknownRequest` for an id that awaits nothing."""
+        req = self._waiting_request(request_id)
+        if req.awaiting is None:
+            raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
+        req.input_ready = True
+
+    def _waiting_request(self, request_id: str) -> ArReq:
+        for req in self.waiting:
+            if req.rid == request_id:
+                return req
+        raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
+
+    def _promote_ready(self) -> None:
+        """The waiting pass's start: every awaiting request whose input is ready may be
+        admitted from now on (`ArReady` with `in_step`)."""
+        for req in self.waiting:
+            if req.awaiting is not None and req.input_ready:
+                req.awaiting, req.input_ready = None, False
+                self.sink(ArReady(req.rid, in_step=True))
+
+    def _admissible(self) -> list[ArReq]:
+        """The waiting queue without the requests that await an input, in order."""
+        return [r for r in self.waiting if r.awaiting is None]
+
     def _peek_waiting(self) -> ArReq:
         cfg = self.config
+        queue = self._admissible()
         if cfg.policy in (Policy.FCFS, Policy.FAIR):
-            return self.waiting[0]
+            return queue[0]
         if cfg.policy is Policy.AGING:
-            aged = [r for r in self.waiting if r.waited >= cfg.max_wait_steps]
+            aged = [r for r in queue if r.waited >= cfg.max_wait_steps]
             if aged:
                 return min(aged, key=lambda r: r.arrival)
-        return min(self.waiting, key=self._admission_key)
+        return min(queue, key=self._admission_key)
 
     def _waiting_tokens(self, req: ArReq, budget: int) -> int | None:
         cfg = self.config
@@ -319,7 +359,8 @@ class VllmV1Scheduler(ArSchedulerBase):
         return mark
 
     def _schedule_waiting(self, budget: int) -> None:
-        while self.waiting and budget > 0:
+        self._promote_ready()
+        while self._admissible() and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             req = self._peek_waiting()

@@ -3,7 +3,12 @@ scheduling with a token budget, a seat cap, paged KV blocks and preemption by re
 Standard library only; `mypy --strict` clean.
 """
 
-from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.adapter import (
+    ArAwaitingAdapter,
+    ArEventSink,
+    ArImplementationFactory,
+    ArSchedulerAdapter,
+)
 from spec.ar.config import (
     AdmissionOrder,
     ArConfig,
@@ -63,6 +68,7 @@ __all__ = [
     "AdmissionOrder",
     "ArAborted",
     "ArAwaiting",
+    "ArAwaitingAdapter",
     "ArBlocksAllocated",
     "ArBlocksFreed",
     "ArCacheEvicted",

@@ -78,6 +78,26 @@ def drain_steps(
         raise SchedulerStalled(max_steps, f"{waiting} waiting and {running} running", "steps")
 
 
+@runtime_checkable
+class ArAwaitingAdapter(Protocol):
+    """Optional, beside `ArSchedulerAdapter`: a scheduler that holds back a request whose input
+    is not ready yet (vLLM: a structured-output grammar still compiling). A decision twin that
+    has these replays a log's `ArAwaiting` / `ArReady` (`check-trace --twin`); one without them
+    cannot (`CannotDrive`)."""
+
+    def await_input(self, request_id: str, what: str) -> None:
+        """The waiting request, submitted since the last step, may not be admitted until
+        `input_ready`; emits `ArAwaiting(request_id, what)`. `UnknownRequest` for an id that is
+        not waiting."""
+        ...
+
+    def input_ready(self, request_id: str) -> None:
+        """Its input is ready from now on: the scheduler emits `ArReady` when it may admit the
+        request (between steps, or with `in_step` in its next admission pass). `UnknownRequest`
+        for an id that awaits nothing."""
+        ...
+
+
 class ArImplementationFactory(Protocol):
     """Builds a fresh AR scheduler for `config` that reports its events to `sink`; it may
     refuse a configuration it does not support with `spec.errors.ConfigError`."""

@@ -158,6 +158,8 @@ class _Step:
     allocated: set[str] = field(default_factory=set)  # requests allocated blocks in the step
     in_schedule_phase: bool = False
     admission_phase: bool = False  # an event of a queued request was seen (cache-aware order)
+    queued_seen: bool = False  # an event of a queued request (its admission) was seen
+    found_ready: list[str] = field(default_factory=list)  # `ArReady(in_step)` in this pass
     usage: float | None = None  # the pool's usage when the cache-aware order was decided
 
 
@@ -428,8 +430,18 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 "(ar_awaiting) and has had no ar_ready: it may not be admitted yet",
                 e,
             )
+        st = self._step
         if r.phase in AR_QUEUED_PHASES:
             self._start_admission_pass()
+            st.queued_seen = True
+        elif st.found_ready:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"{type(e).__name__} for running {r.request_id!r} after step {st.index}'s "
+                f"admission pass found {st.found_ready} ready: the running requests are "
+                "scheduled before the waiting pass, so an in_step ar_ready comes after them",
+                e,
+            )
 
     def _start_admission_pass(self) -> None:
         """Start the step's admission pass, once: the cache-aware reorder runs first."""
@@ -781,7 +793,10 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r = self._active(e.request_id, e)
         if r.awaiting is None:
             raise self._fail(
-                ArRule.AWAITING, f"ar_ready for {r.request_id!r}, which awaits nothing", e
+                ArRule.AWAITING,
+                f"ar_ready for {r.request_id!r}, which awaits nothing: ar_ready follows the "
+                "request's own ar_awaiting, once",
+                e,
             )
         st = self._step
         if not e.in_step and st.in_schedule_phase:
@@ -793,6 +808,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 e,
             )
         if e.in_step:
+            if st.queued_seen:
+                raise self._fail(
+                    ArRule.AWAITING,
+                    f"ar_ready for {r.request_id!r} in step {st.index} after a waiting "
+                    "request's admission events: an in_step ar_ready comes at the start of "
+                    "the admission pass, before the first event of a waiting request",
+                    e,
+                )
             if st.preempted or self._pause != "unpaused":
                 why = f"preempted {st.preempted}" if st.preempted else f"is {self._pause}"
                 raise self._fail(
@@ -803,6 +826,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 )
             self._enter_schedule_phase(e)
             self._start_admission_pass()
+            st.found_ready.append(r.request_id)
         r.awaiting = None
         self._touch(r)
 
@@ -1291,6 +1315,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             return
         rules, st = self.rules, self._step
         r = self._active(e.request_id, e)
+        if st.found_ready:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"{r.request_id!r} preempted after step {st.index}'s admission pass found "
+                f"{st.found_ready} ready: no waiting pass runs in a step that preempts, and "
+                "preemptions come before it",
+                e,
+            )
         self._check_pause(r, e)
         self._enter_schedule_phase(e)
         st.preempted_with_free |= self.free_blocks > 0  # `preemption_may_empty_step` reads it

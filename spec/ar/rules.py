@@ -142,8 +142,10 @@ _AR_RULES: dict[ArRule, str] = {
     "ready: vLLM's structured-output grammar still compiling); until its `ar_ready` it gets no "
     "cache hit, block or token, and every admission rule (FCFS order, policy key, aging, "
     "look-ahead, cache-aware window, progress) passes over it, its place in the queue kept. "
-    "`ar_ready` names an awaiting request, between steps or in a step's admission pass (never "
-    "in a step that preempted, nor while paused: no waiting pass runs there).",
+    "`ar_ready` names an awaiting request, between steps or, with in_step, at the start of a "
+    "step's admission pass: after the running requests' events, before the first event of a "
+    "waiting request, never in a step that preempts (before or after it) nor while paused "
+    "(no waiting pass runs there).",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
