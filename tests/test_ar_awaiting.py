@@ -32,6 +32,8 @@ from spec.ar.events import (
     ArAwaiting,
     ArBlocksAllocated,
     ArBlocksFreed,
+    ArCacheHit,
+    ArCacheReset,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -313,12 +315,12 @@ def test_awaiting_and_ready_come_where_the_rule_says(events: list[ArEvent], word
     assert caught.value.rule == "awaiting" and words in str(caught.value), str(caught.value)
 
 
-def test_ready_in_step_starts_the_admission_pass_after_the_cache_aware_reorder() -> None:
+def test_the_cache_aware_window_moves_a_request_only_once_promoted() -> None:
     """vLLM 0.34's cache-aware window reorders only requests of status WAITING: one awaiting
-    its grammar keeps its place. With one seat, c (cached prefix) moves ahead of b; a,
-    awaiting, is found ready in the same pass after the reorder and admitted: the log
-    conforms, and the vllm-v1 twin with the window (threshold 0) decides alike. Ready
-    between steps instead, a would be reordered behind c, and its admission breaks FCFS."""
+    its grammar, or with its grammar compiled but not yet reached by a pass, keeps its place.
+    With one seat, c (cached prefix) moves ahead of b, a keeps its place, and the pass
+    promotes and admits a, whether a's grammar compiled between steps or in the pass: the log
+    conforms, and the vllm-v1 twin with the window (threshold 0) decides alike."""
     caching = CFG.replace(enable_prefix_caching=True, num_blocks=5, max_num_seqs=1)
     window = ArPolicy(
         lone_request_threshold_exempt=True,
@@ -328,7 +330,7 @@ def test_ready_in_step_starts_the_admission_pass_after_the_cache_aware_reorder()
     )
     prompt = (1, 2, 3, 4)
 
-    def events(ready: ArReady) -> list[ArEvent]:
+    def events(*ready: ArReady) -> list[ArEvent]:
         return [
             ArSubmitted("x", 5, 1, prompt=(*prompt, 9)),
             ArBlocksAllocated("x", (1, 2)),
@@ -340,7 +342,7 @@ def test_ready_in_step_starts_the_admission_pass_after_the_cache_aware_reorder()
             ArAwaiting("a", "grammar"),
             ArSubmitted("b", 4, 1, prompt=(8, 8, 8, 8)),
             ArSubmitted("c", 5, 1, prompt=(*prompt, 6)),
-            ready,
+            *ready,
             ArBlocksAllocated("a", (3,)),
             ArScheduled("a", 4),
             ArStepEnd(1),
@@ -348,22 +350,19 @@ def test_ready_in_step_starts_the_admission_pass_after_the_cache_aware_reorder()
             ArFinished("a", ArFinishReason.LENGTH),
         ]
 
-    found = events(ArReady("a", in_step=True))
-    machine = ArSpecMachine(caching, window)
-    machine.apply_all(found[:11])
-    # the pass reordered while a awaited: a kept its place, c moved ahead of b
-    assert machine.unfinished_ids()[0] == ("a", "c", "b")
-    machine.apply_all(found[11:])
     options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
 
     def twin(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return PrefixCachingVllmV1(config, sink, options)
 
-    assert twin_difference(operations(found), found, caching, twin, window) is None
-    with pytest.raises(SpecViolation) as caught:
-        ArSpecMachine(caching, window).apply_all(events(ArReady("a")))
-    assert caught.value.rule == "fcfs_admission", str(caught.value)
-    assert "admitted 'a' while 'c' is ahead of it" in str(caught.value)
+    for ready in ([ArReady("a", in_step=True)], [ArReady("a"), ArReady("a", in_step=True)]):
+        log = events(*ready)
+        machine = ArSpecMachine(caching, window)
+        machine.apply_all(log[: 10 + len(ready)])
+        # the pass reordered while a was unpromoted: a kept its place, c moved ahead of b
+        assert machine.unfinished_ids()[0] == ("a", "c", "b")
+        machine.apply_all(log[10 + len(ready) :])
+        assert twin_difference(operations(log), log, caching, twin, window) is None
 
 
 def test_the_events_round_trip_through_a_log_line() -> None:
@@ -439,3 +438,107 @@ def test_aging_and_look_ahead_pass_over_an_awaiting_request() -> None:
     with pytest.raises(SpecViolation) as caught:
         ArSpecMachine(CFG, look_ahead).apply_all(bare)
     assert caught.value.rule == "fcfs_admission" and "past 'a'" in str(caught.value)
+
+
+def test_the_cadence_escape_passes_over_requests_deferred_for_their_input() -> None:
+    """Prefill interval 3, as vLLM's `num_waiting > len(deferred_waiting)`: a release step
+    that leaves only b waiting, b deferred for its grammar, does not lift the next hold (b's
+    admission in held step 1 breaks `prefill_cadence`); without its awaiting, b lifts it.
+    Deferral ends at admission: c, admitted and then preempted by a cache reset, left waiting
+    by release step 1, lifts the hold of step 2."""
+    cadence = ArPolicy(prefill_interval=3)
+    cfg = CFG.replace(max_num_batched_tokens=4, max_model_len=8)
+
+    def left_waiting(awaits: bool) -> list[ArEvent]:
+        held = [ArAwaiting("b", "grammar")] if awaits else []
+        return [
+            ArSubmitted("a", 4, 4),
+            ArSubmitted("b", 4, 1),
+            *held,
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 4),
+            ArStepEnd(0),
+            *([ArReady("b")] if awaits else []),
+            ArBlocksAllocated("a", (2,)),
+            ArScheduled("a", 1),
+            ArBlocksAllocated("b", (3,)),
+            ArScheduled("b", 3),
+            ArStepEnd(1),
+        ]
+
+    ArSpecMachine(cfg, cadence).apply_all(left_waiting(awaits=False))
+    with pytest.raises(SpecViolation) as caught:
+        ArSpecMachine(cfg, cadence).apply_all(left_waiting(awaits=True))
+    assert caught.value.rule == "prefill_cadence", str(caught.value)
+    whole = CFG.replace(max_num_batched_tokens=8, enable_chunked_prefill=False)
+    ArSpecMachine(whole, cadence).apply_all(
+        [
+            ArSubmitted("a", 4, 4),
+            ArSubmitted("c", 4, 4),
+            ArAwaiting("c", "grammar"),
+            ArReady("c"),
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 4),
+            ArBlocksAllocated("c", (2,)),
+            ArScheduled("c", 4),
+            ArStepEnd(0),
+            ArPreempted("c", (2,), reset=True),
+            ArPreempted("a", (1,), reset=True),
+            ArCacheReset(),
+            ArBlocksAllocated("a", (1, 3)),
+            ArScheduled("a", 5),
+            ArStepEnd(1),  # c (5 tokens) does not fit beside a: left waiting
+            ArScheduled("a", 1),
+            ArBlocksAllocated("c", (2, 4)),
+            ArScheduled("c", 5),
+            ArStepEnd(2),
+        ]
+    )
+
+
+def test_a_request_promoted_and_not_admitted_is_moved_by_the_next_reorder() -> None:
+    """Window 3, threshold 0: a's pass in step 1 promotes it, but its 3 blocks do not fit;
+    once promoted it is `WAITING` to vLLM, so step 2's reorder moves c, whose prefix is
+    cached, ahead of it, and admits c. The log conforms, and the vllm-v1 twin with the window
+    decides alike."""
+    caching = CFG.replace(
+        enable_prefix_caching=True, num_blocks=5, max_num_batched_tokens=16, max_model_len=16
+    )
+    window = ArPolicy(
+        lone_request_threshold_exempt=True,
+        full_sequence_admission=True,
+        cache_aware_window=3,
+        cache_aware_threshold=0.0,
+    )
+    log: list[ArEvent] = [
+        ArSubmitted("x", 5, 1, prompt=(1, 2, 3, 4, 9)),
+        ArSubmitted("y", 7, 2, prompt=(5, 5, 5, 5, 5, 5, 5)),
+        ArBlocksAllocated("x", (1, 2)),
+        ArScheduled("x", 5),
+        ArBlocksAllocated("y", (3, 4)),
+        ArScheduled("y", 7),
+        ArStepEnd(0),
+        ArBlocksFreed("x", (1, 2)),
+        ArFinished("x", ArFinishReason.LENGTH),
+        ArSubmitted("a", 12, 1, prompt=tuple(range(20, 32))),
+        ArAwaiting("a", "grammar"),
+        ArSubmitted("c", 5, 1, prompt=(1, 2, 3, 4, 6)),
+        ArScheduled("y", 1),
+        ArReady("a", in_step=True),  # promoted; 3 blocks do not fit the 2 free
+        ArStepEnd(1),
+        ArBlocksFreed("y", (3, 4)),
+        ArFinished("y", ArFinishReason.LENGTH),
+        ArCacheHit("c", (1,)),
+        ArBlocksAllocated("c", (2,)),
+        ArScheduled("c", 1),
+        ArStepEnd(2),
+        ArBlocksFreed("c", (1, 2)),
+        ArFinished("c", ArFinishReason.LENGTH),
+    ]
+    ArSpecMachine(caching, window).apply_all(log)
+    options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
+
+    def twin(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        return PrefixCachingVllmV1(config, sink, options)
+
+    assert twin_difference(operations(log), log, caching, twin, window) is None

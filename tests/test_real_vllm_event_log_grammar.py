@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from integrations.vllm import MANIFEST
+from integrations.vllm.admission_knobs import VLLM_ADMISSION, AdmissionKnobs
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import CoreProgram, EngineCoreLoop, core_program
 from integrations.vllm.event_log import VllmEventLog, grammar_compiled
@@ -40,9 +41,11 @@ from tests.test_real_vllm_event_log_lookahead import checked_logs
 from tests.test_real_vllm_structured import LATE
 from tests.vllm_seeded_bugs import (
     blocked_grammar_stops_the_pass,
+    capacity_escape_counts_deferred,
     compiled_grammar_passed_once,
     compiled_grammar_seen_late,
     grammar_wait_ignored,
+    window_moves_blocked_requests,
 )
 
 #: Generated programs (`core_program`, and next turns with prefix caching), every other
@@ -67,11 +70,13 @@ def late_grammar_log(
     method: str | None = None,
     seed: int = 0,
     window: int = 0,
+    admission: AdmissionKnobs = VLLM_ADMISSION,
 ) -> None:
     """The live log of the engine-core loop serving `program` with structured output and
     grammars compiled late (as `draw` scripts them, when given), into `into`; `bug` is planted
     in the scheduler first; with 3 drafts by `method` (drawn by `seed`) when given, and vLLM
-    0.34.0's cache-aware window of `window` (threshold 0) when not 0."""
+    0.34.0's cache-aware window of `window` (threshold 0) when not 0, and vLLM's admission
+    settings `admission`."""
 
     def attach(scheduler: Any) -> None:
         if bug is not None:
@@ -93,6 +98,7 @@ def late_grammar_log(
         structured_output=True,
         late_grammars=True,
         mutate=attach,
+        admission=admission,
         **drafts,
     )
     if draw is not None:
@@ -164,8 +170,9 @@ def test_generated_programs_conform_and_fail_without_the_awaiting_lines() -> Non
 
 def test_a_request_waiting_for_its_grammar_is_passed_then_promoted() -> None:
     """`LATE`: r0's grammar compiles 3 engine steps late. The log marks r0 awaiting after its
-    submission, admits r1 past it, and marks r0 ready (in_step) at the start of the pass that
-    admits it; it conforms, and fails `fcfs_admission` without the two lines."""
+    submission and admits r1 past it; before the step after the grammar compiled, r0 is
+    ready (between steps), and that step's pass promotes it at its start (in_step), right
+    before its admission. The log conforms, and fails `fcfs_admission` without those lines."""
     lines: list[str] = []
     late_grammar_log(LATE, lines, draw=lambda rid: (3, False))
     events = kinds(lines)
@@ -175,9 +182,13 @@ def test_a_request_waiting_for_its_grammar_is_passed_then_promoted() -> None:
         ("ar_submitted", "r1"),
         ("ar_blocks_allocated", "r1"),
     ]
-    ready = events.index(("ar_ready", "r0"))
-    assert events[ready + 1] == ("ar_blocks_allocated", "r0")
-    assert json.loads(lines[1 + ready]) == {"kind": "ar_ready", "request_id": "r0", "in_step": True}
+    ready = [i for i, event in enumerate(events) if event == ("ar_ready", "r0")]
+    assert len(ready) == 2, events
+    between, promoted = (json.loads(lines[1 + i]) for i in ready)
+    assert between == {"kind": "ar_ready", "request_id": "r0"}
+    assert promoted == {"kind": "ar_ready", "request_id": "r0", "in_step": True}
+    assert events[ready[0] - 1] == ("ar_step_end", None)  # between steps
+    assert events[ready[1] + 1] == ("ar_blocks_allocated", "r0")
     assert check_ar_trace(lines).violation is None
     bare = check_ar_trace(without_awaiting(lines)).violation
     assert bare is not None and bare.rule == "fcfs_admission", bare
@@ -230,12 +241,14 @@ BEHIND = CoreProgram(
 )
 
 
-def twin_verdict(lines: list[str], tmp_path: Path) -> tuple[int, str]:
-    """`check-trace LOG --twin vllm-v1` (`vllm-v1-prefix` with prefix caching) on the log:
-    its exit code and what it printed."""
+def twin_verdict(lines: list[str], tmp_path: Path, twin: str | None = None) -> tuple[int, str]:
+    """`check-trace LOG --twin vllm-v1` (`vllm-v1-prefix` with prefix caching; `twin` when
+    given) on the log: its exit code and what it printed."""
     path = tmp_path / "log.jsonl"
     path.write_text("".join(f"{line}\n" for line in lines))
-    twin = "vllm-v1-prefix" if json.loads(lines[0])["enable_prefix_caching"] else "vllm-v1"
+    if twin is None:
+        prefix = json.loads(lines[0])["enable_prefix_caching"]
+        twin = "vllm-v1-prefix" if prefix else "vllm-v1"
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = main(["check-trace", str(path), "--twin", twin])
@@ -265,6 +278,36 @@ def test_the_twin_replays_awaiting_requests_and_catches_a_pass_that_stops_at_one
         assert code == 0, said
 
 
+#: Generated programs whose cadence-held steps meet requests deferred for their grammars
+#: (found by a review: the twin counted them as left waiting, and gave a false difference)
+CADENCE_SEEDS = (6, 11, 12, 17)
+
+
+def test_the_prefill_cadence_does_not_count_requests_deferred_for_a_grammar(
+    tmp_path: Path,
+) -> None:
+    """With a prefill interval of 3, vLLM's capacity escape counts a request deferred for its
+    grammar (`deferred_waiting`, until admitted) as no work left waiting. The logs conform and
+    the cadence twin decides alike; the seeded bug that counts them fails `prefill_cadence`
+    in the log, and the twin."""
+    cadence = AdmissionKnobs(prefill_interval=3)
+    twin = "reference.ar.vllm_settings:VLLM_V1_CADENCE"
+    for seed in CADENCE_SEEDS:
+        lines: list[str] = []
+        late_grammar_log(core_program(seed), lines, admission=cadence)
+        assert check_ar_trace(lines).violation is None
+        code, said = twin_verdict(lines, tmp_path, twin)
+        assert code == 0, said
+        lines = []
+        with pytest.raises(EngineCoreViolation):  # the loop's own cadence check, too
+            late_grammar_log(
+                core_program(seed), lines, admission=cadence, bug=capacity_escape_counts_deferred
+            )
+        found = check_ar_trace(lines).violation
+        assert found is not None and found.rule == "prefill_cadence", found
+        assert twin_verdict(lines, tmp_path, twin)[0] == 1
+
+
 P = (11, 12, 13, 14)  # a prompt the first requests cache (two blocks of 2)
 #: x0 (guided) and x1 cache `P` and finish in the first steps; in step 2, a (guided) and then
 #: c, whose prompt continues `P`, arrive with one seat between them
@@ -286,14 +329,15 @@ WINDOWED = CoreProgram(
 )
 
 
-def test_a_request_found_ready_keeps_its_place_through_the_cache_aware_reorder() -> None:
+def test_a_request_not_yet_promoted_keeps_its_place_through_the_cache_aware_reorder() -> None:
     """vLLM 0.34.0's cache-aware window (3, threshold 0) moves only requests of status
-    `WAITING`: when the pass begins, a still waits for its grammar (which has compiled), so
-    the reorder leaves it ahead of c, whose prefix is cached; the pass then promotes and
-    admits a. The log's `ArReady(a, in_step=true)` starts the admission pass after the
-    reorder, and the log conforms. Written between steps instead, the ready would let the
-    spec's reorder move c ahead of a, and the log fails `fcfs_admission`. (On 0.33.0, which
-    has no window, skipped; `test_real_vllm_newest` runs it on 0.34.0.)"""
+    `WAITING`: when the pass begins, a's grammar has compiled (the log says so between steps)
+    but a is still in the grammar's status, so the reorder leaves it ahead of c, whose prefix
+    is cached; the pass then promotes a (`ArReady` with in_step, after the reorder) and admits
+    it. The log conforms. The seeded window that moves blocked requests puts c ahead of a:
+    the loop's own order check stops it, and the log written so far fails FCFS, as a's grammar
+    had compiled. (On 0.33.0, which has no window, skipped; `test_real_vllm_newest` runs it on
+    0.34.0.)"""
     lines: list[str] = []
     try:
         late_grammar_log(WINDOWED, lines, draw=lambda rid: (0, False), window=3)
@@ -302,13 +346,22 @@ def test_a_request_found_ready_keeps_its_place_through_the_cache_aware_reorder()
         pytest.skip("the loaded vLLM has no cache-aware window (0.34.0 has)")
     assert '"cache_aware_window":3' in lines[0].replace(" ", ""), lines[0]
     events = kinds(lines)
-    ready = events.index(("ar_ready", "a"))
-    assert events[ready + 1 : ready + 2] == [("ar_blocks_allocated", "a")], events
+    ready = [i for i, event in enumerate(events) if event == ("ar_ready", "a")]
+    assert len(ready) == 2 and events[ready[1] + 1] == ("ar_blocks_allocated", "a"), events
+    assert '"in_step":true' in lines[1 + ready[1]] and "in_step" not in lines[1 + ready[0]]
     assert check_ar_trace(lines).violation is None
-    between = [line.replace(',"in_step":true', "") for line in lines]
-    found = check_ar_trace(between).violation
+    lines = []
+    with pytest.raises(EngineCoreViolation):
+        late_grammar_log(
+            WINDOWED,
+            lines,
+            draw=lambda rid: (0, False),
+            window=3,
+            bug=window_moves_blocked_requests,
+        )
+    found = check_ar_trace(lines).violation
     assert found is not None and found.rule == "fcfs_admission", found
-    assert "admitted 'a' while 'c' is ahead of it" in str(found), found
+    assert "admitted 'c' while 'a' is ahead of it" in str(found), found
 
 
 def test_the_log_reads_a_grammar_without_resolving_it() -> None:

@@ -21,7 +21,7 @@ release's code (no candidate fix or seeded bug written as an edit of 0.33.0's so
   there as its shrunk program, the fix lifts it, and seeded bugs in the window fail the rule;
 - the live event log marks a request waiting for its structured-output grammar and the pass
   that finds it compiled (`ArAwaiting`, `ArReady`), and with the cache-aware window a request
-  found ready keeps its place through the reorder; seeded grammar bugs fail the log;
+  not yet promoted keeps its place through the reorder; seeded grammar bugs fail the log;
 - a request's cache read limit bounds its hit at its first scored prompt row (0.34.0's
   `prompt_logprob_start`), a live log carries it, and `check-trace` holds a hit to it;
 - 0.34.0's cap on in-flight KV loads (`max_num_inflight_kv_loads`) holds in the engine-core loop

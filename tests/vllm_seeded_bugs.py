@@ -950,3 +950,41 @@ def blocked_grammar_stops_the_pass(sched: Any) -> None:
 
     sched._handle_blocked_waiting_request = handle
     sched.schedule = schedule
+
+
+class _CountedAsNothing(set[Any]):
+    """A set whose size reads 0."""
+
+    def __len__(self) -> int:
+        return 0
+
+
+def capacity_escape_counts_deferred(sched: Any) -> None:
+    """Seeded bug: the prefill cadence's capacity escape counts the requests deferred for
+    their grammar as work left waiting (`deferred_waiting` read as empty), so a step whose
+    only waiting requests await their grammars lifts the next hold."""
+    sched.deferred_waiting = _CountedAsNothing(sched.deferred_waiting)
+
+
+def window_moves_blocked_requests(sched: Any) -> None:
+    """Seeded bug (vLLM 0.34.0): the cache-aware window moves requests still in the grammar's
+    blocked status too, as if they were `WAITING`: one whose grammar has compiled but that no
+    pass has reached yet can be moved behind a request with a cached prefix."""
+    own = sched._reorder_waiting_by_cached_prefix
+
+    def reorder() -> None:
+        status = None
+        blocked = [r for r in sched.waiting if r.status.name == _GRAMMAR_STATUS]
+        for request in blocked:
+            status = type(request.status)
+            request.status = status.WAITING
+        try:
+            own()
+        finally:
+            for request in blocked:
+                request.status = getattr(status, _GRAMMAR_STATUS)
+
+    sched._reorder_waiting_by_cached_prefix = reorder
+
+
+_GRAMMAR_STATUS = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"

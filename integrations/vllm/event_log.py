@@ -9,7 +9,7 @@ configuration and the policy vLLM declares, `REAL_VLLM_PROFILE` with the orderin
 under vLLM's declared policy, and `--twin vllm-v1` compares its decisions with the
 re-implementation's on the log's own operations.
 
-It wraps seven methods of that one scheduler instance (nothing of vLLM's classes changes), and
+It wraps six methods of that one scheduler instance (nothing of vLLM's classes changes), and
 derives the events from the pools around each call, as `RealVllmScheduler` does
 (`spec.ar.reconstruct`):
 
@@ -17,11 +17,12 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
   model will sample a stop token; the request's prompt ids when prefix caching is on), then,
   for a structured-output request (status `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`: vLLM
   passes over it until its waiting pass finds the grammar compiled), `ArAwaiting` "grammar";
-- `schedule`: the scheduling phase (preemptions, allocations and cache hits, scheduled tokens,
-  with their `drafts` under speculative decoding) and `ArStepEnd`; `ArReady` with `in_step`
-  for each awaiting request the waiting pass found with its grammar compiled (the log wraps
-  the pass's `_handle_blocked_waiting_request` too), at the pass's start: before the first
-  event of a request that waited, else before `ArStepEnd`;
+- `schedule`: first `ArReady` for each awaiting request whose grammar has compiled since
+  (between steps: it may be admitted from now on), then the scheduling phase (preemptions,
+  allocations and cache hits, scheduled tokens, with their `drafts` under speculative
+  decoding) and `ArStepEnd`; `ArReady` with `in_step` for each request the waiting pass
+  promoted (its status no longer the grammar's, its grammar compiled), at the pass's start:
+  before the first event of a request that waited, else before `ArStepEnd`;
 - `update_from_output`: `ArDraftsVerified` for each request whose drafts the step verified
   (before any free: vLLM rolls back the rejected drafts in its loop over the batch), with
   prefix caching `ArOutputTokens` with the ids of each request's new outputs (vLLM's block
@@ -385,8 +386,9 @@ class VllmEventLog:
         self._sampling: dict[str, tuple[Any, int, bool]] = {}
         # requests logged as awaiting their grammar (`ArAwaiting`), until ready or ended
         self._awaiting: set[str] = set()
-        # awaiting requests the waiting pass under way found with their grammar compiled
-        self._found_ready: set[str] = set()
+        # ... and those not promoted yet (vLLM's blocked status): awaiting, or with their grammar
+        # compiled (`ArReady` between steps) and not yet reached by a waiting pass
+        self._unpromoted: set[str] = set()
         self._hooks = InstanceHooks()
         self.writer: str = scheduler_writer(scheduler, "vllm")
         write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
@@ -400,8 +402,6 @@ class VllmEventLog:
                 "finish_requests": self._finish_requests,
                 "reset_prefix_cache": self._reset_prefix_cache,
                 "set_pause_state": self._set_pause_state,
-                # the waiting pass's look at a request that waits for its grammar
-                "_handle_blocked_waiting_request": self._handle_blocked,
             },
         )
         paused = self._pause_name(scheduler.pause_state)
@@ -447,23 +447,39 @@ class VllmEventLog:
         )
         if waiting_for_grammar(request):
             self._awaiting.add(str(request.request_id))
+            self._unpromoted.add(str(request.request_id))
             self._emit(ArAwaiting(request.request_id, "grammar"))
         return result
 
     def _schedule(self, *args: Any, **kwargs: Any) -> Any:
         sched = self.scheduler
         before = self._view(f"before schedule() in step {self._step}")
-        self._found_ready.clear()  # what a pass that raised found is not this pass's
+        # a grammar compiled since the last step: the request may be admitted from now on
+        # (between steps: vLLM's pass must not pass over it), still unpromoted
+        for rid in sorted(self._awaiting):
+            request = sched.requests.get(rid)
+            if request is not None and grammar_compiled(request):
+                self._awaiting.discard(rid)
+                self._emit(ArReady(rid))
         out = self._calls["schedule"](*args, **kwargs)
         scheduled = {str(rid): int(n) for rid, n in out.num_scheduled_tokens.items()}
         after = self._view(f"after schedule() in step {self._step}", scheduled)
         order = victim_order(sched, before, self.config.policy)
         drafts = {str(rid): len(ids) for rid, ids in out.scheduled_spec_decode_tokens.items()}
-        promoted, self._found_ready = self._found_ready, set()
-        self._awaiting -= promoted
-        # vLLM's waiting pass promotes in queue order and admits only past what it promoted
-        # or skipped: the promotions are logged at the pass's start, before the first event of
-        # a request that waited (a request promoted and then passed over is a finding)
+        # promoted by this pass (vLLM promotes only in its waiting pass), its grammar compiled:
+        # one promoted while its grammar is not stays awaiting in the log, and its admission
+        # fails `awaiting`
+        promoted = {
+            rid
+            for rid in self._unpromoted
+            if (request := sched.requests.get(rid)) is not None
+            and not waiting_for_grammar(request)
+            and grammar_compiled(request)
+        }
+        self._unpromoted -= promoted
+        self._awaiting -= promoted  # a grammar that compiled during the pass
+        # the promotions are logged at the pass's start, before the first event of a request
+        # that waited (vLLM admits past a request only after promoting or skipping it)
         queued = [rid for rid in before.waiting if rid in promoted]
         ready = [ArReady(rid, in_step=True) for rid in queued + sorted(promoted - set(queued))]
         waited = set(before.waiting)
@@ -486,20 +502,6 @@ class VllmEventLog:
         self._emit(ArStepEnd(self._step))
         self._step += 1
         return out
-
-    def _handle_blocked(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's waiting pass looks at a request in a blocked status (it promotes one whose
-        grammar has compiled): an awaiting request whose grammar had compiled when the pass
-        looked is ready in the log (`_schedule` writes its `ArReady`), whatever vLLM then did
-        with it. Before vLLM's own look, or in it where vLLM promoted the request: a grammar
-        that compiles only after vLLM looked leaves the request awaiting, as vLLM does."""
-        rid = str(request.request_id)
-        compiled = rid in self._awaiting and grammar_compiled(request)
-        result = self._calls["_handle_blocked_waiting_request"](request, *args, **kwargs)
-        promoted = rid in self._awaiting and not waiting_for_grammar(request)
-        if compiled or (promoted and grammar_compiled(request)):
-            self._found_ready.add(rid)
-        return result
 
     def _update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._ended_inside.clear()
@@ -526,6 +528,7 @@ class VllmEventLog:
         ended = self._releasing("finish_requests", *args, **kwargs)
         for request in ended or ():
             self._awaiting.discard(str(request.request_id))
+            self._unpromoted.discard(str(request.request_id))
             self._emit(ArAborted(request.request_id))
             if nested:  # ended by vLLM inside update_from_output (FINISHED_ERROR)
                 self._ended_inside.add(str(request.request_id))

@@ -56,16 +56,18 @@ def operations(
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
-    `ArAborted`, a request held back per `ArAwaiting` and released per `ArReady` (before the
-    step whose admission pass found it ready), a step per `ArStepEnd` (`CannotDrive` at a
-    pause, a cache reset's preemption or draft tokens, which no twin replays, and, given the
-    log's `config` and `policy`, at a cache hit on another request's named outputs:
-    `NamedOutputHits`). A rejected submission or an abort that changed nothing left no event
-    and changes nothing; a drain shows as the steps it ran. A request whose stop the log's
-    engine sampled (`stop_sampled`) is scripted to stop where it did: its outputs at that
-    finish, `sampled_stops` (`check_ar_trace(..., keep=...)` reads them off the log)."""
+    `ArAborted`, a request held back per `ArAwaiting` and its input ready at its first
+    `ArReady` (one in a step: before that step; its promotion the twin decides itself), a
+    step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's preemption or draft
+    tokens, which no twin replays, and, given the log's `config` and `policy`, at a cache hit
+    on another request's named outputs: `NamedOutputHits`). A rejected submission or an abort
+    that changed nothing left no event and changes nothing; a drain shows as the steps it
+    ran. A request whose stop the log's engine sampled (`stop_sampled`) is scripted to stop
+    where it did: its outputs at that finish, `sampled_stops` (`check_ar_trace(...,
+    keep=...)` reads them off the log)."""
     stops = sampled_stops or {}
     ops: list[ArOp] = []
+    pending: set[str] = set()  # awaiting an input the log has not said is ready
     submitted = 0
     ahead = policy.hash_lookahead_tokens if policy is not None else 0
     hits = NamedOutputHits(config.block_size, ahead) if config is not None else None
@@ -99,8 +101,12 @@ def operations(
             ops.append(ArAbort(e.request_id))
         elif isinstance(e, ArAwaiting):
             ops.append(ArAwait(e.request_id, e.what))
-        elif isinstance(e, ArReady):  # before the step that found it ready, or between steps
+            pending.add(e.request_id)
+        elif isinstance(e, ArReady) and e.request_id in pending:
+            # its input is ready: between steps, or found so at the start of the pass that
+            # promoted it (before that step); a promotion alone the twin decides itself
             ops.append(ArInputReady(e.request_id))
+            pending.discard(e.request_id)
         elif (isinstance(e, ArPreempted) and e.reset) or isinstance(e, ArPauseSet):
             what = "pauses the scheduler" if isinstance(e, ArPauseSet) else "resets its cache"
             raise CannotDrive(

@@ -188,9 +188,11 @@ class ArReq:
     attained: int = 0
     waited: int = 0
     num_restarts: int = 0
-    # an input it awaits before it may be admitted (`ArAwaiting`), and whether it is ready
+    # an input it awaits before it may be admitted (`ArAwaiting`); until the waiting pass
+    # promotes it (vLLM's blocked status); until admitted (vLLM's `deferred_waiting`)
     awaiting: str | None = None
-    input_ready: bool = False
+    unpromoted: bool = False
+    deferred: bool = False
     keys: list[ContentKey] = field(default_factory=list)  # content keys of blocks 0, 1, ...
     # timings (in steps) for metrics
     first_scheduled: int | None = None

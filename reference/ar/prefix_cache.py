@@ -76,8 +76,8 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
         ):
             return
         head = list(self.waiting)[:window]
-        # a request awaiting its input keeps its place, as in vLLM (status not WAITING)
-        places = [i for i, req in enumerate(head) if req.num_restarts == 0 and req.awaiting is None]
+        # a request not yet promoted keeps its place, as in vLLM (a blocked status)
+        places = [i for i, req in enumerate(head) if req.num_restarts == 0 and not req.unpromoted]
         if len(places) < 2:
             return
         depth = {i: self._cached_tokens(head[i]) for i in places}
@@ -88,11 +88,11 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
     def _schedule_waiting(self, budget: int) -> None:
         bs = self.config.block_size
         self._reorder_by_cached_prefix()
-        self._promote_ready()
         while self._admissible() and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             req = self._peek_waiting()
+            self._promote(req)
             hit = self._hit(req)
             req.num_computed = len(hit) * bs  # tentatively, to size the chunk after the hit
             n = self._waiting_tokens(req, budget)

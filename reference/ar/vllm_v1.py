@@ -136,7 +136,8 @@ class VllmV1Scheduler(ArSchedulerBase):
         if not self.step_preempted:
             self._schedule_waiting(budget)
             if not self._held:  # a release step: did it leave requests waiting?
-                self._capacity_bound = bool(self.waiting)
+                # vLLM: num_waiting > len(deferred_waiting)
+                self._capacity_bound = any(not r.deferred for r in self.waiting)
         if self.scheduled:
             self._executed += 1
         if self._carried_prefill:
@@ -295,16 +296,19 @@ class VllmV1Scheduler(ArSchedulerBase):
         id that is not waiting."""
         req = self._waiting_request(request_id)
         req.awaiting = what
+        req.unpromoted = req.deferred = True
         self.sink(ArAwaiting(request_id, what))
 
     def input_ready(self, request_id: str) -> None:
-        """The awaited input is ready: the next waiting pass promotes the request after its
-        cache-aware reorder, as vLLM's pass promotes a request whose grammar has compiled
-        (`ArReady` with `in_step`). `UnknownRequest` for an id that awaits nothing."""
+        """The awaited input is ready (`ArReady`): the request may be admitted from now on,
+        and the waiting pass that reaches it promotes it (`_promote`), as vLLM's pass promotes
+        a request whose grammar has compiled. `UnknownRequest` for an id that awaits
+        nothing."""
         req = self._waiting_request(request_id)
         if req.awaiting is None:
             raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
-        req.input_ready = True
+        req.awaiting = None
+        self.sink(ArReady(request_id))
 
     def _waiting_request(self, request_id: str) -> ArReq:
         for req in self.waiting:
@@ -312,13 +316,13 @@ class VllmV1Scheduler(ArSchedulerBase):
                 return req
         raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
 
-    def _promote_ready(self) -> None:
-        """The waiting pass's start: every awaiting request whose input is ready may be
-        admitted from now on (`ArReady` with `in_step`)."""
-        for req in self.waiting:
-            if req.awaiting is not None and req.input_ready:
-                req.awaiting, req.input_ready = None, False
-                self.sink(ArReady(req.rid, in_step=True))
+    def _promote(self, req: ArReq) -> None:
+        """The waiting pass reached `req`, whose input is ready: vLLM promotes it from its
+        blocked status (`ArReady` with `in_step`); the cache-aware window may move it from
+        now on."""
+        if req.unpromoted:
+            req.unpromoted = False
+            self.sink(ArReady(req.rid, in_step=True))
 
     def _admissible(self) -> list[ArReq]:
         """The waiting queue without the requests that await an input, in order."""
@@ -359,11 +363,11 @@ class VllmV1Scheduler(ArSchedulerBase):
         return mark
 
     def _schedule_waiting(self, budget: int) -> None:
-        self._promote_ready()
         while self._admissible() and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             req = self._peek_waiting()
+            self._promote(req)
             n = self._waiting_tokens(req, budget)
             if n is None or self._held_back(req, req.num_computed):
                 break
@@ -385,6 +389,7 @@ class VllmV1Scheduler(ArSchedulerBase):
     def _admit(self, req: ArReq) -> None:
         self.waiting.remove(req)
         req.waited = 0
+        req.unpromoted = req.deferred = False
         self.running.append(req)
 
 

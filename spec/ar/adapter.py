@@ -92,9 +92,10 @@ class ArAwaitingAdapter(Protocol):
         ...
 
     def input_ready(self, request_id: str) -> None:
-        """Its input is ready from now on: the scheduler emits `ArReady` when it may admit the
-        request (between steps, or with `in_step` in its next admission pass). `UnknownRequest`
-        for an id that awaits nothing."""
+        """Its input is ready from now on (between steps): the scheduler emits `ArReady` and
+        may admit the request; where it promotes such a request when its waiting pass reaches
+        it (vLLM), it emits `ArReady` with `in_step` then. `UnknownRequest` for an id that
+        awaits nothing."""
         ...
 
 

@@ -154,11 +154,12 @@ class ArAwaiting:
 
 @dataclass(frozen=True, slots=True)
 class ArReady:
-    """The awaiting request may be admitted from now on: between steps (where the engine
-    finds its input ready before it schedules), or, `in_step`, in the step's admission pass,
-    where the scheduler found its input ready (vLLM promotes a request whose grammar has
-    compiled when its waiting pass reaches it, after the cache-aware reorder; never in a step
-    that preempted, nor while paused). `in_step` starts the step's schedule phase and its
+    """Between steps: the awaiting request's input is ready, and it may be admitted from now
+    on (vLLM: its grammar has compiled). With `in_step`: the step's admission pass promoted
+    it (vLLM's waiting pass reached it with its grammar compiled, after the cache-aware
+    reorder, which does not move a request before its promotion; never in a step that
+    preempted, nor while paused); for a request still awaiting, this is also where its input
+    is ready, at the pass's start. `in_step` starts the step's schedule phase and its
     admission pass if nothing has."""
 
     kind: ClassVar[str] = "ar_ready"

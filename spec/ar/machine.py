@@ -129,6 +129,12 @@ class _Req:
     private_keyed: dict[int, set[int]] = field(default_factory=dict)
     # why it may not be admitted yet (`ArAwaiting`), until its `ArReady`; None: it may be
     awaiting: str | None = None
+    # since its `ArAwaiting`, until the admission pass promotes it (`ArReady` with in_step)
+    # or admits it: vLLM's blocked status, which the cache-aware window does not move
+    unpromoted: bool = False
+    # since its `ArAwaiting`, until admitted: vLLM's `deferred_waiting`, which the prefill
+    # cadence's capacity escape does not count as work left waiting
+    deferred: bool = False
 
     @property
     def known(self) -> int:
@@ -477,7 +483,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
         def slot(rid: str) -> bool:  # vLLM moves only requests of status WAITING
             r = self._requests[rid]
-            return r.fresh and r.awaiting is None
+            return r.fresh and not r.unpromoted
 
         order = cache_aware_order(self._waiting, window, slot, cached_tokens)
         if order != self._waiting:
@@ -503,8 +509,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._executed += 1
         if self._carried_prefill:
             self._last_prefill = self._executed
-        if not self._held and not preempted:
-            self._capacity_bound = bool(self._waiting)
+        if not self._held and not preempted:  # vLLM: num_waiting > len(deferred_waiting)
+            self._capacity_bound = any(not self._requests[q].deferred for q in self._waiting)
 
     def _hold_is_empty(self) -> bool:
         """A held step with nothing scheduled yet, one that preempted, and no decoding request
@@ -784,36 +790,43 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 e,
             )
         r.awaiting = e.what
+        r.unpromoted = r.deferred = True
         self._touch(r)
 
     def _ready(self, e: ArReady) -> None:
-        """`awaiting`: the awaiting request may be admitted from now on: between steps, or,
-        `in_step`, in the step's admission pass, which it starts if none has (after the
-        cache-aware reorder, which passed over the request while it awaited)."""
+        """`awaiting`: between steps, the awaiting request's input is ready and it may be
+        admitted from now on (it stays unpromoted: the cache-aware window does not move it);
+        with `in_step`, the step's admission pass promotes it (vLLM's pass reaching it),
+        starting the pass if none has (after the cache-aware reorder). A request still
+        awaiting is promoted at the pass's start, before any waiting request's event; one whose
+        input was ready already, anywhere in the pass."""
         r = self._active(e.request_id, e)
-        if r.awaiting is None:
+        st = self._step
+        if r.awaiting is None and not (e.in_step and r.unpromoted):
             raise self._fail(
                 ArRule.AWAITING,
-                f"ar_ready for {r.request_id!r}, which awaits nothing: ar_ready follows the "
-                "request's own ar_awaiting, once",
+                f"ar_ready for {r.request_id!r}, which awaits nothing"
+                + (" and is promoted already" if e.in_step else "")
+                + ": an ar_ready follows the request's ar_awaiting (between steps once, and "
+                "with in_step once, where its admission pass promotes it)",
                 e,
             )
-        st = self._step
         if not e.in_step and st.in_schedule_phase:
             raise self._fail(
                 ArRule.AWAITING,
                 f"ar_ready for {r.request_id!r} inside step {st.index}'s schedule phase "
                 "without in_step: between steps, or in_step where the step's admission pass "
-                "found the input ready",
+                "promotes it",
                 e,
             )
         if e.in_step:
-            if st.queued_seen:
+            if r.awaiting is not None and st.queued_seen:
                 raise self._fail(
                     ArRule.AWAITING,
-                    f"ar_ready for {r.request_id!r} in step {st.index} after a waiting "
-                    "request's admission events: an in_step ar_ready comes at the start of "
-                    "the admission pass, before the first event of a waiting request",
+                    f"ar_ready for {r.request_id!r}, awaiting, in step {st.index} after a "
+                    "waiting request's admission events: a request still awaiting is found "
+                    "ready at the start of the admission pass, before the first event of a "
+                    "waiting request (or between steps)",
                     e,
                 )
             if st.preempted or self._pause != "unpaused":
@@ -821,12 +834,13 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 raise self._fail(
                     ArRule.AWAITING,
                     f"ar_ready for {r.request_id!r} in step {st.index}'s admission pass, but "
-                    f"the step {why}: no waiting pass runs there to find its input ready",
+                    f"the step {why}: no waiting pass runs there to promote it",
                     e,
                 )
             self._enter_schedule_phase(e)
             self._start_admission_pass()
             st.found_ready.append(r.request_id)
+            r.unpromoted = False
         r.awaiting = None
         self._touch(r)
 
@@ -1115,7 +1129,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._waiting.remove(r.request_id)
             self._running.append(r.request_id)
             r.phase = ArPhase(target)
-            r.fresh = False
+            r.fresh = r.unpromoted = r.deferred = False
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
         if drafts:

@@ -139,13 +139,16 @@ _AR_RULES: dict[ArRule, str] = {
     "are keyed afresh, held or freed); an output never named is private to its request.",
     ArRule.AWAITING: "An `ar_awaiting` event (optional) names a request submitted in the same "
     "gap between steps, never scheduled, that may not be admitted yet (an input of it is not "
-    "ready: vLLM's structured-output grammar still compiling); until its `ar_ready` it gets no "
+    "ready: vLLM's structured-output grammar still compiling); until an `ar_ready` it gets no "
     "cache hit, block or token, and every admission rule (FCFS order, policy key, aging, "
-    "look-ahead, cache-aware window, progress) passes over it, its place in the queue kept. "
-    "`ar_ready` names an awaiting request, between steps or, with in_step, at the start of a "
-    "step's admission pass: after the running requests' events, before the first event of a "
-    "waiting request, never in a step that preempts (before or after it) nor while paused "
-    "(no waiting pass runs there).",
+    "look-ahead, progress) passes over it, its place in the queue kept. An `ar_ready` between "
+    "steps says its input is ready; one with in_step says the step's admission pass promoted "
+    "it (vLLM's pass reaching it), and for a request still awaiting also that its input is "
+    "ready, at the start of the pass, before the first event of a waiting request. Until "
+    "promoted or admitted the cache-aware window does not move it, and the prefill cadence's "
+    "capacity escape counts it, until admitted, as vLLM counts its deferred requests. An "
+    "in_step `ar_ready` comes after the running requests' events, never in a step that "
+    "preempts (before or after it) nor while paused (no waiting pass runs there).",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
