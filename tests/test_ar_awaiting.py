@@ -72,6 +72,32 @@ def verdict(events: Sequence[ArEvent], config: ArConfig = CFG) -> tuple[str, str
     return str(result.violation.rule), str(result.violation)
 
 
+# vLLM 0.33.0 as declared, with 0.34.0's cache-aware window of 3 at threshold 0
+WINDOW = ArPolicy(
+    lone_request_threshold_exempt=True,
+    full_sequence_admission=True,
+    cache_aware_window=3,
+    cache_aware_threshold=0.0,
+)
+
+
+def window_twin(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """The vllm-v1-prefix twin with the window of `WINDOW`."""
+    options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
+    return PrefixCachingVllmV1(config, sink, options)
+
+
+# after step 0: b runs, and a, submitted since, awaits its grammar
+B_RUNS_A_AWAITS: list[ArEvent] = [
+    ArSubmitted("b", 4, 4),
+    ArBlocksAllocated("b", (1,)),
+    ArScheduled("b", 4),
+    ArStepEnd(0),
+    ArSubmitted("a", 4, 1),
+    ArAwaiting("a", "grammar"),
+]
+
+
 def b_passes_a(ready: list[ArEvent]) -> list[ArEvent]:
     """a awaits its grammar; b, behind it, is admitted in step 0 and finishes; then `ready`
     (a's readiness, or nothing), and a is admitted in step 1."""
@@ -232,12 +258,7 @@ def test_an_awaiting_request_may_be_aborted() -> None:
         ),
         (  # found ready in a step that preempted: no waiting pass runs
             [
-                ArSubmitted("b", 4, 4),
-                ArBlocksAllocated("b", (1,)),
-                ArScheduled("b", 4),
-                ArStepEnd(0),
-                ArSubmitted("a", 4, 1),
-                ArAwaiting("a", "grammar"),
+                *B_RUNS_A_AWAITS,
                 ArPreempted("b", (1,)),
                 ArReady("a", in_step=True),
             ],
@@ -256,12 +277,7 @@ def test_an_awaiting_request_may_be_aborted() -> None:
         ),
         (  # a preemption after the pass found a ready
             [
-                ArSubmitted("b", 4, 4),
-                ArBlocksAllocated("b", (1,)),
-                ArScheduled("b", 4),
-                ArStepEnd(0),
-                ArSubmitted("a", 4, 1),
-                ArAwaiting("a", "grammar"),
+                *B_RUNS_A_AWAITS,
                 ArReady("a", in_step=True),
                 ArPreempted("b", (1,)),
             ],
@@ -269,12 +285,7 @@ def test_an_awaiting_request_may_be_aborted() -> None:
         ),
         (  # a running request scheduled after the pass found a ready
             [
-                ArSubmitted("b", 4, 4),
-                ArBlocksAllocated("b", (1,)),
-                ArScheduled("b", 4),
-                ArStepEnd(0),
-                ArSubmitted("a", 4, 1),
-                ArAwaiting("a", "grammar"),
+                *B_RUNS_A_AWAITS,
                 ArReady("a", in_step=True),
                 ArScheduled("b", 1),
             ],
@@ -322,12 +333,6 @@ def test_the_cache_aware_window_moves_a_request_only_once_promoted() -> None:
     promotes and admits a, whether a's grammar compiled between steps or in the pass: the log
     conforms, and the vllm-v1 twin with the window (threshold 0) decides alike."""
     caching = CFG.replace(enable_prefix_caching=True, num_blocks=5, max_num_seqs=1)
-    window = ArPolicy(
-        lone_request_threshold_exempt=True,
-        full_sequence_admission=True,
-        cache_aware_window=3,
-        cache_aware_threshold=0.0,
-    )
     prompt = (1, 2, 3, 4)
 
     def events(*ready: ArReady) -> list[ArEvent]:
@@ -350,19 +355,14 @@ def test_the_cache_aware_window_moves_a_request_only_once_promoted() -> None:
             ArFinished("a", ArFinishReason.LENGTH),
         ]
 
-    options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
-
-    def twin(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
-        return PrefixCachingVllmV1(config, sink, options)
-
     for ready in ([ArReady("a", in_step=True)], [ArReady("a"), ArReady("a", in_step=True)]):
         log = events(*ready)
-        machine = ArSpecMachine(caching, window)
+        machine = ArSpecMachine(caching, WINDOW)
         machine.apply_all(log[: 10 + len(ready)])
         # the pass reordered while a was unpromoted: a kept its place, c moved ahead of b
         assert machine.unfinished_ids()[0] == ("a", "c", "b")
         machine.apply_all(log[10 + len(ready) :])
-        assert twin_difference(operations(log), log, caching, twin, window) is None
+        assert twin_difference(operations(log), log, caching, window_twin, WINDOW) is None
 
 
 def test_the_events_round_trip_through_a_log_line() -> None:
@@ -504,12 +504,6 @@ def test_a_request_promoted_and_not_admitted_is_moved_by_the_next_reorder() -> N
     caching = CFG.replace(
         enable_prefix_caching=True, num_blocks=5, max_num_batched_tokens=16, max_model_len=16
     )
-    window = ArPolicy(
-        lone_request_threshold_exempt=True,
-        full_sequence_admission=True,
-        cache_aware_window=3,
-        cache_aware_threshold=0.0,
-    )
     log: list[ArEvent] = [
         ArSubmitted("x", 5, 1, prompt=(1, 2, 3, 4, 9)),
         ArSubmitted("y", 7, 2, prompt=(5, 5, 5, 5, 5, 5, 5)),
@@ -535,10 +529,5 @@ def test_a_request_promoted_and_not_admitted_is_moved_by_the_next_reorder() -> N
         ArBlocksFreed("c", (1, 2)),
         ArFinished("c", ArFinishReason.LENGTH),
     ]
-    ArSpecMachine(caching, window).apply_all(log)
-    options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
-
-    def twin(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
-        return PrefixCachingVllmV1(config, sink, options)
-
-    assert twin_difference(operations(log), log, caching, twin, window) is None
+    ArSpecMachine(caching, WINDOW).apply_all(log)
+    assert twin_difference(operations(log), log, caching, window_twin, WINDOW) is None
