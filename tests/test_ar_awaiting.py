@@ -37,6 +37,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArInputFailed,
     ArPauseSet,
     ArPreempted,
     ArReady,
@@ -367,7 +368,12 @@ def test_the_cache_aware_window_moves_a_request_only_once_promoted() -> None:
 
 def test_the_events_round_trip_through_a_log_line() -> None:
     """`in_step` is written only when set; a bad `what` or `in_step` is a format error."""
-    for event in (ArAwaiting("a", "grammar"), ArReady("a"), ArReady("a", in_step=True)):
+    for event in (
+        ArAwaiting("a", "grammar"),
+        ArReady("a"),
+        ArReady("a", in_step=True),
+        ArInputFailed("a"),
+    ):
         data = json.loads(json.dumps(ar_event_to_dict(event)))
         assert ar_event_from_dict(data) == event
     assert ar_event_to_dict(ArReady("a")) == {"kind": "ar_ready", "request_id": "a"}
@@ -531,3 +537,64 @@ def test_a_request_promoted_and_not_admitted_is_moved_by_the_next_reorder() -> N
     ]
     ArSpecMachine(caching, WINDOW).apply_all(log)
     assert twin_difference(operations(log), log, caching, window_twin, WINDOW) is None
+
+
+def test_a_request_whose_input_failed_is_ended_by_the_pass_that_reaches_it() -> None:
+    """a's grammar fails (`ar_input_failed`). Step 0 admits b, behind a: its pass reached a,
+    so a is ended in step 0's update phase (vLLM ends it with an error); left waiting, the
+    next step breaks `awaiting`. Nothing running and nothing to admit, the pass reaches a
+    too. With b ahead of a, a pass that stops after b need not reach a."""
+    a_fails: list[ArEvent] = [ArSubmitted("a", 4, 1), ArAwaiting("a", "grammar")]
+    b_passes = [
+        *a_fails,
+        ArSubmitted("b", 4, 1),
+        ArInputFailed("a"),
+        ArBlocksAllocated("b", (1,)),
+        ArScheduled("b", 4),
+        ArStepEnd(0),
+        ArBlocksFreed("b", (1,)),
+        ArFinished("b", ArFinishReason.LENGTH),
+    ]
+    ArSpecMachine(CFG).apply_all([*b_passes, ArAborted("a"), ArStepEnd(1)])
+    with pytest.raises(SpecViolation) as caught:
+        ArSpecMachine(CFG).apply_all([*b_passes, ArStepEnd(1)])
+    assert caught.value.rule == "awaiting"
+    assert "['a'] failed to get their input (ar_input_failed) and step 0's" in str(caught.value)
+    alone = [*a_fails, ArInputFailed("a"), ArStepEnd(0)]
+    ArSpecMachine(CFG).apply_all([*alone, ArAborted("a"), ArStepEnd(1)])
+    with pytest.raises(SpecViolation, match=r"\['a'\] failed to get their input"):
+        ArSpecMachine(CFG).apply_all([*alone, ArStepEnd(1)])
+    ArSpecMachine(CFG).apply_all(  # b ahead of a: admitting b does not reach a
+        [
+            ArSubmitted("b", 3, 2),
+            *a_fails,
+            ArInputFailed("a"),
+            ArBlocksAllocated("b", (1,)),
+            ArScheduled("b", 3),
+            ArStepEnd(0),
+            ArScheduled("b", 1),
+            ArStepEnd(1),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("events", "words"),
+    [
+        ([ArSubmitted("a", 4, 1), ArInputFailed("a")], "which awaits nothing"),
+        (
+            [
+                ArSubmitted("a", 4, 1),
+                ArAwaiting("a", "grammar"),
+                ArInputFailed("a"),
+                ArInputFailed("a"),
+            ],
+            "whose input failed already",
+        ),
+    ],
+    ids=["not-awaiting", "twice"],
+)
+def test_input_failed_follows_an_awaiting(events: list[ArEvent], words: str) -> None:
+    with pytest.raises(SpecViolation) as caught:
+        ArSpecMachine(CFG).apply_all(events)
+    assert caught.value.rule == "awaiting" and words in str(caught.value)

@@ -44,6 +44,7 @@ from tests.vllm_seeded_bugs import (
     capacity_escape_counts_deferred,
     compiled_grammar_passed_once,
     compiled_grammar_seen_late,
+    grammar_error_forgotten,
     grammar_wait_ignored,
     window_moves_blocked_requests,
 )
@@ -195,37 +196,47 @@ def test_a_request_waiting_for_its_grammar_is_passed_then_promoted() -> None:
 
 
 def test_a_grammar_that_fails_ends_its_request_while_it_awaits() -> None:
-    """r0's grammar fails to compile: vLLM ends r0 with an error, never admitted, never ready:
-    the log's abort of an awaiting request conforms."""
+    """r0's grammar fails to compile: the log says so between steps (`ar_input_failed`), and
+    vLLM ends r0 with an error in the step whose pass reaches it, never admitted, never ready:
+    the log conforms."""
     lines: list[str] = []
     late_grammar_log(LATE, lines, draw=lambda rid: (1, True))
     events = kinds(lines)
-    assert ("ar_awaiting", "r0") in events and ("ar_aborted", "r0") in events
+    failed, aborted = events.index(("ar_input_failed", "r0")), events.index(("ar_aborted", "r0"))
+    assert events.index(("ar_awaiting", "r0")) < failed < aborted
+    assert events[failed:aborted].count(("ar_step_end", None)) == 1  # ended in that step
     assert ("ar_ready", "r0") not in events
     assert check_ar_trace(lines).violation is None
 
 
 @pytest.mark.parametrize(
-    ("bug", "delay", "rule", "words", "loop_stops"),
+    ("bug", "draw", "rule", "words", "loop_stops"),
     [
-        (grammar_wait_ignored, 3, "awaiting", "for 'r0', which awaits its grammar", True),
-        (compiled_grammar_passed_once, 0, "fcfs_admission", "admitted 'r1' while 'r0'", True),
-        (compiled_grammar_seen_late, 0, "fcfs_admission", "admitted 'r1' while 'r0'", False),
+        (grammar_wait_ignored, (3, False), "awaiting", "for 'r0', which awaits its grammar", True),
+        (compiled_grammar_passed_once, (0, False), "fcfs_admission", "'r1' while 'r0'", True),
+        (compiled_grammar_seen_late, (0, False), "fcfs_admission", "'r1' while 'r0'", False),
+        (grammar_error_forgotten, (1, True), "awaiting", "['r0'] failed to get their input", True),
     ],
-    ids=["admitted-while-compiling", "passed-once-compiled", "compiled-seen-late"],
+    ids=["admitted-while-compiling", "passed-once-compiled", "compiled-seen-late", "error-lost"],
 )
 def test_seeded_grammar_bugs_are_caught(
-    bug: Callable[[Any], None], delay: int, rule: str, words: str, loop_stops: bool
+    bug: Callable[[Any], None],
+    draw: tuple[int, bool],
+    rule: str,
+    words: str,
+    loop_stops: bool,
 ) -> None:
     """vLLM admitting a request whose grammar still compiles breaks `awaiting`; vLLM passing
     over a request it has just promoted, or whose compiled grammar it leaves unseen, breaks
-    FCFS. The first two also stop the engine-core loop (its own admission check, vLLM's error
-    at the grammar bitmask), and the log written so far is checked; the loop's own check
-    passes over a request still in the grammar's status, so only the log catches the third."""
+    FCFS; vLLM forgetting a failed grammar's error leaves its request waiting past the pass
+    that reached it (`awaiting`, at the next step). The loop stops on its own checks (its
+    admission order, vLLM's error at the grammar bitmask, the drain), and the log written so
+    far is checked; the loop's admission check passes over a request still in the grammar's
+    status, so only the log catches the third."""
     lines: list[str] = []
     stopped = False
     try:
-        late_grammar_log(LATE, lines, draw=lambda rid: (delay, False), bug=bug)
+        late_grammar_log(LATE, lines, draw=lambda rid: draw, bug=bug)
     except EngineCoreViolation:
         stopped = True
     assert stopped == loop_stops

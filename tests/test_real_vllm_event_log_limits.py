@@ -69,6 +69,7 @@ DRAFT_MODEL = {"speculative_tokens": 2, "speculative_method": "draft_model"}
     [
         ({"sliding_window": 4}, "kv_cache_groups", None),
         ({"kv_connector": "recompute"}, "kv_connector", None),
+        ({"loras": 3, "max_loras": 1}, "lora_config", None),
         (EAGLE, "num_prefill_lookahead", as_multi_module_mtp),
         (EAGLE, "speculative_method", with_speculative(method="dflash")),
         (EAGLE, "parallel_drafting", with_speculative(parallel_drafting=True)),
@@ -77,6 +78,7 @@ DRAFT_MODEL = {"speculative_tokens": 2, "speculative_method": "draft_model"}
     ids=[
         "sliding-window",
         "kv-connector",
+        "lora",
         "multi-module-mtp",
         "undriven-method",
         "parallel-drafting",

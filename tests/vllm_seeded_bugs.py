@@ -988,3 +988,16 @@ def window_moves_blocked_requests(sched: Any) -> None:
 
 
 _GRAMMAR_STATUS = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+
+
+def grammar_error_forgotten(sched: Any) -> None:
+    """Seeded bug: the waiting pass forgets the error of a grammar that failed to compile, so
+    vLLM never ends the request: it waits for ever."""
+    own = sched._handle_blocked_waiting_request
+
+    def handle(request: Any) -> bool:
+        ready = bool(own(request))
+        sched.grammar_compile_error_reqs.pop(request.request_id, None)
+        return ready
+
+    sched._handle_blocked_waiting_request = handle

@@ -109,6 +109,7 @@ from spec.ar.events import (
     ArDraftsVerified,
     ArEvent,
     ArFinished,
+    ArInputFailed,
     ArOutputTokens,
     ArPauseSet,
     ArPreempted,
@@ -208,7 +209,8 @@ def loggable(scheduler: Any, v: Any) -> None:
     """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
     cannot describe: asynchronous scheduling, more than one batch in flight (pipeline stages),
     a KV cache other than one full-attention group,
-    a KV connector, a multi-module MTP drafter (prefill lookahead past one token), a drafter
+    LoRA adapters (a waiting request passed over while its adapter finds no room), a KV
+    connector, a multi-module MTP drafter (prefill lookahead past one token), a drafter
     `_loggable_drafter` refuses, or other than one sampled token per step (`v`: `load_vllm()`'s
     modules). Speculative decoding by ngram, EAGLE or a draft model is logged, the header
     declaring the drafts (`num_speculative_tokens`), the lookahead slots EAGLE and a draft
@@ -238,6 +240,14 @@ def loggable(scheduler: Any, v: Any) -> None:
             kinds,
             "one full-attention group: a sliding-window or Mamba group frees and recycles a "
             "running request's blocks, which the AR event log's one block table cannot show",
+        )
+    if getattr(scheduler, "lora_config", None) is not None:
+        raise ConfigError(
+            "lora_config",
+            "set",
+            "None: with LoRA adapters vLLM passes over a waiting request whose adapter finds no "
+            "room beside the running requests' (max_loras) and admits those behind it, which "
+            "the AR event log does not describe",
         )
     if scheduler.connector is not None:
         raise ConfigError(
@@ -340,11 +350,24 @@ def hashed_apart(request: Any) -> dict[str, object]:
 def grammar_compiled(request: Any) -> bool:
     """Whether vLLM request `request`'s structured-output grammar has compiled (read without
     resolving vLLM's future: the log only observes)."""
-    sor = request.structured_output_request
-    grammar = getattr(sor, "_grammar", None) if sor is not None else None
+    grammar = _grammar_of(request)
     if isinstance(grammar, Future):
         return grammar.done() and grammar.exception() is None
     return grammar is not None and not isinstance(grammar, BaseException)
+
+
+def grammar_failed(request: Any) -> bool:
+    """Whether vLLM request `request`'s structured-output grammar failed to compile (read as
+    `grammar_compiled` reads it)."""
+    grammar = _grammar_of(request)
+    if isinstance(grammar, Future):
+        return grammar.done() and grammar.exception() is not None
+    return isinstance(grammar, BaseException)
+
+
+def _grammar_of(request: Any) -> Any:
+    sor = request.structured_output_request
+    return getattr(sor, "_grammar", None) if sor is not None else None
 
 
 class VllmEventLog:
@@ -456,11 +479,15 @@ class VllmEventLog:
         before = self._view(f"before schedule() in step {self._step}")
         # a grammar compiled since the last step: the request may be admitted from now on
         # (between steps: vLLM's pass must not pass over it), still unpromoted
+        # (or failed to: vLLM's pass that reaches it ends it with an error)
         for rid in sorted(self._awaiting):
             request = sched.requests.get(rid)
             if request is not None and grammar_compiled(request):
                 self._awaiting.discard(rid)
                 self._emit(ArReady(rid))
+            elif request is not None and grammar_failed(request):
+                self._awaiting.discard(rid)
+                self._emit(ArInputFailed(rid))
         out = self._calls["schedule"](*args, **kwargs)
         scheduled = {str(rid): int(n) for rid, n in out.num_scheduled_tokens.items()}
         after = self._view(f"after schedule() in step {self._step}", scheduled)

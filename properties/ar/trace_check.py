@@ -33,6 +33,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArInputFailed,
     ArOutputTokens,
     ArReady,
     ArStepEnd,
@@ -54,6 +55,7 @@ _BETWEEN = (
     ArDraftsVerified,
     ArOutputTokens,
     ArAwaiting,
+    ArInputFailed,
 )
 
 

@@ -28,8 +28,9 @@ in docs/schedulers.md.
    rule `cache_reset`). Optionally, in the gap of a request's `ArSubmitted`,
    `ArAwaiting(request, what)`: it may not be admitted until its `ArReady(request)` (vLLM: a
    structured-output grammar still compiling; rule `awaiting`). `ArReady` comes between steps,
-   or with `in_step` in the step's admission pass where the scheduler found the input ready
-   (vLLM's waiting pass, after its cache-aware reorder).
+   or with `in_step` in the step's admission pass where the scheduler promoted it (vLLM's
+   waiting pass, after its cache-aware reorder); `ArInputFailed(request)` between steps when
+   the input will never be ready (the pass that reaches it ends it, `ArAborted`).
 2. **Scheduling phase** (the engine's `schedule()`): `ArPreempted` (with every block the victim
    held), and per scheduled request `ArCacheHit` (an admitted request's cached prefix blocks),
    `ArBlocksAllocated` (fresh blocks appended to its table), then `ArScheduled` (its tokens;

@@ -167,6 +167,18 @@ class ArReady:
     in_step: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ArInputFailed:
+    """Between steps: the awaiting request's input will never be ready (vLLM: its grammar
+    failed to compile). It stays awaiting; the first admission pass that reaches it (one that
+    admits a request after it in the pass's order, or finds nothing to admit with nothing
+    running) ends it: `ArAborted` in that step's update phase, as vLLM ends it with an
+    error."""
+
+    kind: ClassVar[str] = "ar_input_failed"
+    request_id: str
+
+
 #: The scheduler's pause states (vLLM's `PauseState`, lower case): scheduling as usual; only
 #: requests that run (or hold KV) are scheduled, none admitted; nothing is scheduled.
 AR_PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
@@ -248,6 +260,7 @@ ArEvent = (
     | ArOutputTokens
     | ArAwaiting
     | ArReady
+    | ArInputFailed
 )
 
 AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
@@ -267,6 +280,7 @@ AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArOutputTokens,
     ArAwaiting,
     ArReady,
+    ArInputFailed,
 )
 
 AR_EVENT_BY_KIND: dict[str, type[ArEvent]] = {t.kind: t for t in AR_EVENT_TYPES}

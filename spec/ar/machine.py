@@ -59,6 +59,7 @@ from spec.ar.events import (
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArInputFailed,
     ArOutputTokens,
     ArPauseSet,
     ArPreempted,
@@ -135,6 +136,8 @@ class _Req:
     # since its `ArAwaiting`, until admitted: vLLM's `deferred_waiting`, which the prefill
     # cadence's capacity escape does not count as work left waiting
     deferred: bool = False
+    # its input will never be ready (`ArInputFailed`): the pass that reaches it ends it
+    input_failed: bool = False
 
     @property
     def known(self) -> int:
@@ -166,6 +169,8 @@ class _Step:
     admission_phase: bool = False  # an event of a queued request was seen (cache-aware order)
     queued_seen: bool = False  # an event of a queued request (its admission) was seen
     found_ready: list[str] = field(default_factory=list)  # `ArReady(in_step)` in this pass
+    # requests whose input failed that this step's admission pass reached (to be aborted)
+    reached_failed: list[str] = field(default_factory=list)
     usage: float | None = None  # the pool's usage when the cache-aware order was decided
 
 
@@ -230,6 +235,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._pause = "unpaused"  # `ArPauseSet`: the operator's pause state
         self._reset_pending: list[str] = []  # preempted by a reset whose `ArCacheReset` is due
         self._unverified: set[str] = set()  # requests whose drafts await `ArDraftsVerified`
+        # failed-input requests the last step's admission pass reached: ended by now
+        self._last_reached_failed: list[str] = []
         self._arrivals = 0
         self._decode_entries = 0  # requests that have started decoding, over the run
         # the prefill cadence (`ArPolicy.prefill_interval`): executed steps, the last that
@@ -356,6 +363,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._check_batch_end_released(event)
         self._check_reset_done(event)
         self._check_drafts_verified(event)
+        self._check_failed_ended(event)
         st.in_schedule_phase = True
         self._begin_cadence()
 
@@ -844,6 +852,63 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         r.awaiting = None
         self._touch(r)
 
+    def _input_failed(self, e: ArInputFailed) -> None:
+        """`awaiting`: between steps, the awaiting request's input will never be ready; the
+        admission pass that reaches it ends it (`_check_failed_ended`)."""
+        r = self._active(e.request_id, e)
+        if r.awaiting is None or r.input_failed or self._step.in_schedule_phase:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"ar_input_failed for {r.request_id!r}"
+                + (
+                    f" inside step {self._step.index}'s schedule phase"
+                    if self._step.in_schedule_phase
+                    else ", whose input failed already"
+                    if r.input_failed
+                    else ", which awaits nothing"
+                )
+                + ": it follows the request's ar_awaiting, once, between steps",
+                e,
+            )
+        r.input_failed = True
+        self._touch(r)
+
+    def _note_failed_reached(self, admitted: _Req | None) -> None:
+        """The failed-input requests this step's admission pass reached: those before
+        `admitted` in the pass's order (FCFS: the queue's; else the policy key's), or, with
+        `admitted` None (nothing admitted, nothing running), the whole queue up to its first
+        request that may be admitted."""
+        st, rules = self._step, self.rules
+        if admitted is None:
+            ahead = []
+            for q in self._waiting:
+                if self._requests[q].awaiting is None:
+                    break
+                ahead.append(q)
+        elif rules.admission is AdmissionOrder.FCFS:
+            ahead = self._waiting[: self._waiting.index(admitted.request_id)]
+        else:
+            key = admission_key(rules, admitted)
+            ahead = [q for q in self._waiting if admission_key(rules, self._requests[q]) < key]
+        for q in ahead:
+            if self._requests[q].input_failed and q not in st.reached_failed:
+                st.reached_failed.append(q)
+
+    def _check_failed_ended(self, event: ArEvent | None) -> None:
+        """A request whose input failed, reached by the last step's pass, ended in its update
+        phase (vLLM finishes it with an error there)."""
+        left = [q for q in self._last_reached_failed if q in self._requests]
+        self._last_reached_failed = []
+        if left:
+            raise self._fail(
+                ArRule.AWAITING,
+                f"{left} failed to get their input (ar_input_failed) and step "
+                f"{self._step.index - 1}'s admission pass reached them, but they were not "
+                "ended in its update phase (ar_aborted): vLLM ends such a request with an error "
+                "in the step whose pass reaches it",
+                event,
+            )
+
     def _aborted(self, e: ArAborted) -> None:
         r = self._active(e.request_id, e)
         if r.blocks:
@@ -1123,6 +1188,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if self.policy.prefill_interval > 1:
             self._check_cadence(r, n, e)
         if r.phase in AR_QUEUED_PHASES:
+            self._note_failed_reached(r)
             self._check_admission(r, e)
             target = AR_REQUEST_LIFECYCLE.target(r.phase.value, "ar_scheduled")
             assert target is not None  # both queued phases allow it
@@ -1495,6 +1561,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._check_batch_end_released(e)
             self._check_reset_done(e)
             self._check_drafts_verified(e)
+            self._check_failed_ended(e)
             self._begin_cadence()
         paused_all = self._pause == "paused_all"
         # a step that admitted nothing still reorders (vLLM), unless paused_all: vLLM's
@@ -1568,6 +1635,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 self._touch(victim)
         if not paused_all:  # vLLM leaves its prefill cadence untouched in a paused_all step
             self._end_cadence(total, bool(st.preempted))
+        if total == 0 and not self._running and not st.preempted and self._pause == "unpaused":
+            self._note_failed_reached(None)  # the pass went through the queue's head
+        self._last_reached_failed = st.reached_failed
         self._step = _Step(index=st.index + 1)
 
     # --- update phase -----------------------------------------------------------
@@ -2092,6 +2162,7 @@ ArSpecMachine.handlers = MappingProxyType(
         ArOutputTokens: ArSpecMachine._output_tokens,
         ArAwaiting: ArSpecMachine._awaiting,
         ArReady: ArSpecMachine._ready,
+        ArInputFailed: ArSpecMachine._input_failed,
     }
 )
 

@@ -148,7 +148,11 @@ _AR_RULES: dict[ArRule, str] = {
     "promoted or admitted the cache-aware window does not move it, and the prefill cadence's "
     "capacity escape counts it, until admitted, as vLLM counts its deferred requests. An "
     "in_step `ar_ready` comes after the running requests' events, never in a step that "
-    "preempts (before or after it) nor while paused (no waiting pass runs there).",
+    "preempts (before or after it) nor while paused (no waiting pass runs there). An "
+    "`ar_input_failed` (between steps) says its input will never be ready: the first "
+    "admission pass that reaches it (admitting a request after it in the pass's order, or "
+    "admitting nothing with nothing running) ends it, `ar_aborted` in that step's update "
+    "phase.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
