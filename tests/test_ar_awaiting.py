@@ -560,6 +560,19 @@ def test_a_request_whose_input_failed_is_ended_by_the_pass_that_reaches_it() -> 
         ArSpecMachine(CFG).apply_all([*b_passes, ArStepEnd(1)])
     assert caught.value.rule == "awaiting"
     assert "['a'] failed to get their input (ar_input_failed) and step 0's" in str(caught.value)
+    with pytest.raises(SpecViolation) as caught:  # the next step's first event, b's decode
+        ArSpecMachine(CFG).apply_all(
+            [
+                *a_fails,
+                ArSubmitted("b", 3, 2),
+                ArInputFailed("a"),
+                ArBlocksAllocated("b", (1,)),
+                ArScheduled("b", 3),
+                ArStepEnd(0),
+                ArScheduled("b", 1),
+            ]
+        )
+    assert caught.value.rule == "awaiting" and caught.value.event == ArScheduled("b", 1)
     alone = [*a_fails, ArInputFailed("a"), ArStepEnd(0)]
     ArSpecMachine(CFG).apply_all([*alone, ArAborted("a"), ArStepEnd(1)])
     with pytest.raises(SpecViolation, match=r"\['a'\] failed to get their input"):
