@@ -139,8 +139,10 @@ def kinds(lines: list[str]) -> list[tuple[str, str | None]]:
 
 
 def without_awaiting(lines: list[str]) -> list[str]:
-    """The log without its `ar_awaiting` and `ar_ready` lines: what it was before the events."""
-    return [line for line in lines if '"ar_awaiting"' not in line and '"ar_ready"' not in line]
+    """The log without its `ar_awaiting`, `ar_ready` and `ar_input_failed` lines: what it was
+    before the events."""
+    written = ('"ar_awaiting"', '"ar_ready"', '"ar_input_failed"')
+    return [line for line in lines if not any(kind in line for kind in written)]
 
 
 def test_generated_programs_conform_and_fail_without_the_awaiting_lines() -> None:
