@@ -50,11 +50,8 @@ from spec.ar.profile import ArPolicy
 from spec.ar.trace import ar_event_from_dict, ar_event_to_dict, write_ar_trace
 from spec.errors import CannotDrive, SpecViolation
 from spec.trace import TraceFormatError
+from tests.test_ar_rules_fire import CFG  # blocks of 4, 8 usable, a budget of 8, 2 seats
 
-# blocks of 4 tokens, 8 usable, a budget of 8 tokens, 2 seats
-CFG = ArConfig(
-    block_size=4, num_blocks=9, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=8
-)
 PRIORITY = CFG.replace(policy=Policy.PRIORITY)
 
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from integrations.patches import EngineFix
-from integrations.vllm.event_log import grammar_compiled
+from integrations.vllm.core_loop import waiting_for_grammar
+from integrations.vllm.event_log import grammar_compiled, grammar_failed
 from integrations.vllm.patches import SCHEDULER_MODULE, ScheduleFix
 
 
@@ -882,9 +883,9 @@ def ec_load_reports_ignored(sched: Any) -> None:
 
 
 def _grammar_pending(request: Any) -> bool:
-    """vLLM request `request` waits for a grammar that has not compiled yet."""
-    waits = request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
-    return bool(waits and request.structured_output_request.grammar is None)
+    """vLLM request `request` waits for a grammar that has not compiled (nor failed) yet."""
+    settled = grammar_compiled(request) or grammar_failed(request)
+    return waiting_for_grammar(request) and not settled
 
 
 def grammar_wait_ignored(sched: Any) -> None:
@@ -907,7 +908,7 @@ def compiled_grammar_passed_once(sched: Any) -> None:
     original = sched._handle_blocked_waiting_request
 
     def handle(request: Any) -> bool:
-        blocked = request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+        blocked = waiting_for_grammar(request)
         return bool(original(request)) and not blocked
 
     sched._handle_blocked_waiting_request = handle
@@ -921,7 +922,7 @@ def compiled_grammar_seen_late(sched: Any) -> None:
     looked: set[str] = set()
 
     def handle(request: Any) -> bool:
-        waits = request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+        waits = waiting_for_grammar(request)
         if waits and request.request_id not in looked and grammar_compiled(request):
             looked.add(request.request_id)
             return False
@@ -941,7 +942,7 @@ def blocked_grammar_stops_the_pass(sched: Any) -> None:
         if stopped[0]:
             return False
         ready = bool(handle_own(request))
-        stopped[0] = not ready and request.status.name == "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+        stopped[0] = not ready and waiting_for_grammar(request)
         return ready
 
     def schedule(*args: Any, **kwargs: Any) -> Any:
@@ -973,21 +974,16 @@ def window_moves_blocked_requests(sched: Any) -> None:
     own = sched._reorder_waiting_by_cached_prefix
 
     def reorder() -> None:
-        status = None
-        blocked = [r for r in sched.waiting if r.status.name == _GRAMMAR_STATUS]
+        blocked = [r for r in sched.waiting if waiting_for_grammar(r)]
         for request in blocked:
-            status = type(request.status)
-            request.status = status.WAITING
+            request.status = type(request.status).WAITING
         try:
             own()
         finally:
             for request in blocked:
-                request.status = getattr(status, _GRAMMAR_STATUS)
+                request.status = type(request.status).WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 
     sched._reorder_waiting_by_cached_prefix = reorder
-
-
-_GRAMMAR_STATUS = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
 
 
 def grammar_error_forgotten(sched: Any) -> None:

@@ -477,34 +477,13 @@ class VllmEventLog:
     def _schedule(self, *args: Any, **kwargs: Any) -> Any:
         sched = self.scheduler
         before = self._view(f"before schedule() in step {self._step}")
-        # a grammar compiled since the last step: the request may be admitted from now on
-        # (between steps: vLLM's pass must not pass over it), still unpromoted
-        # (or failed to: vLLM's pass that reaches it ends it with an error)
-        for rid in sorted(self._awaiting):
-            request = sched.requests.get(rid)
-            if request is not None and grammar_compiled(request):
-                self._awaiting.discard(rid)
-                self._emit(ArReady(rid))
-            elif request is not None and grammar_failed(request):
-                self._awaiting.discard(rid)
-                self._emit(ArInputFailed(rid))
+        self._log_grammars_settled()
         out = self._calls["schedule"](*args, **kwargs)
         scheduled = {str(rid): int(n) for rid, n in out.num_scheduled_tokens.items()}
         after = self._view(f"after schedule() in step {self._step}", scheduled)
         order = victim_order(sched, before, self.config.policy)
         drafts = {str(rid): len(ids) for rid, ids in out.scheduled_spec_decode_tokens.items()}
-        # promoted by this pass (vLLM promotes only in its waiting pass), its grammar compiled:
-        # one promoted while its grammar is not stays awaiting in the log, and its admission
-        # fails `awaiting`
-        promoted = {
-            rid
-            for rid in self._unpromoted
-            if (request := sched.requests.get(rid)) is not None
-            and not waiting_for_grammar(request)
-            and grammar_compiled(request)
-        }
-        self._unpromoted -= promoted
-        self._awaiting -= promoted  # a grammar that compiled during the pass
+        promoted = self._promoted_by_the_pass()
         # the promotions are logged at the pass's start, before the first event of a request
         # that waited (vLLM admits past a request only after promoting or skipping it)
         queued = [rid for rid in before.waiting if rid in promoted]
@@ -529,6 +508,36 @@ class VllmEventLog:
         self._emit(ArStepEnd(self._step))
         self._step += 1
         return out
+
+    def _log_grammars_settled(self) -> None:
+        """Before a `schedule()` call, between steps: `ArReady` for each awaiting request whose
+        grammar has compiled since (it may be admitted from now on: vLLM's pass must not pass
+        over it; still unpromoted), `ArInputFailed` for one whose grammar failed (vLLM's pass
+        that reaches it ends it with an error)."""
+        for rid in sorted(self._awaiting):
+            request = self.scheduler.requests.get(rid)
+            if request is not None and grammar_compiled(request):
+                self._awaiting.discard(rid)
+                self._emit(ArReady(rid))
+            elif request is not None and grammar_failed(request):
+                self._awaiting.discard(rid)
+                self._emit(ArInputFailed(rid))
+
+    def _promoted_by_the_pass(self) -> set[str]:
+        """After a `schedule()` call: the unpromoted requests its waiting pass promoted (vLLM
+        promotes only there), their grammars compiled. One promoted while its grammar is not
+        stays awaiting in the log, and its admission fails `awaiting`; one whose grammar
+        compiled during the pass is ready with its promotion."""
+        promoted = {
+            rid
+            for rid in self._unpromoted
+            if (request := self.scheduler.requests.get(rid)) is not None
+            and not waiting_for_grammar(request)
+            and grammar_compiled(request)
+        }
+        self._unpromoted -= promoted
+        self._awaiting -= promoted
+        return promoted
 
     def _update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._ended_inside.clear()
