@@ -14,12 +14,13 @@ that ends with work still running is a warning (exit 0), or with `--require-idle
 
 `--profile` checks the log under an engine's declared policy (the header's `declared_policy`
 must agree with it), and `--twin` then compares the log's decisions with a decision twin's
-(`schedspec_cli.trace_profile`); both are resolved, for the log's family, before any event is
-read. `--json PATH` writes the verdict as JSON (for a CI job to read): checked before the log
-is opened, written for exit 0 and 1, and for an input error (exit 2) as `{"exit": 2,
-"verdict": "error", "error": ...}`, so a file an earlier run wrote never stays behind. A
-header that says what wrote the log (`"writer": "sglang 0.5.23"`) has it printed after the
-verdict and recorded as the JSON's `writer`.
+(`schedspec_cli.trace_profile`; an AR twin runs with the settings the log declares, a vLLM
+reference twin taking them, any other refused when it declares others); both are resolved,
+for the log's family, before any event is read. `--json PATH` writes the verdict as JSON (for
+a CI job to read): checked before the log is opened, written for exit 0 and 1, and for an input
+error (exit 2) as `{"exit": 2, "verdict": "error", "error": ...}`, so a file an earlier run
+wrote never stays behind. A header that says what wrote the log (`"writer": "sglang
+0.5.23"`) has it printed after the verdict and recorded as the JSON's `writer`.
 
 FILE is read once, front to back (`schedspec_cli.trace_input`): the header line first, then each
 event checked as it arrives. The first problem in line order decides: a violation is exit 1, a
@@ -49,6 +50,7 @@ from spec.json_text import parse_json
 if TYPE_CHECKING:  # imported when a run needs them (start-up stays light)
     from properties.verify import Twin
     from schedspec_cli.trace_profile import TraceProfile
+    from spec.ar.profile import ArPolicy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,7 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--twin",
         metavar="NAME|module:attribute",
         help="then replay the log's operations through this decision twin (as verify --twin) "
-        "and fail (rule twin_decisions) where it decides otherwise; holds the log in memory",
+        "and fail (rule twin_decisions) where it decides otherwise; an AR twin runs with the "
+        "settings the log declares (vLLM's reference twins take them; another twin declaring "
+        "others is refused); holds the log in memory",
     )
     add_call_timeout(
         p,
@@ -294,7 +298,21 @@ def _run(args: argparse.Namespace, header: Header, head: list[str], rest: Iterat
     config = ran if header.data is None else None  # with a header: the check reads its own
     if family is Family.DLLM:
         return _check_dllm(args, lines, ran, config, Extras(named, twin))
-    return _check_ar(args, lines, ran, config, Extras(named, twin))
+    return _check_ar(args, lines, ran, config, Extras(named, twin, _declared_ar_policy(header)))
+
+
+def _declared_ar_policy(header: Header) -> ArPolicy | None:
+    """The AR policy the header declares, or None (none declared, or a bad one: the check
+    names that at the header's line)."""
+    from spec.ar.trace import ar_policy_from_dict
+    from spec.trace import TraceFormatError
+
+    if header.data is None or "declared_policy" not in header.data:
+        return None
+    try:
+        return ar_policy_from_dict(header.data, header.line)
+    except TraceFormatError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +463,7 @@ class Extras:
 
     named: TraceProfile | None
     twin: Twin | None
+    declared: ArPolicy | None = None  # the AR policy the log's header declares (None: none)
 
     def under(self) -> str:
         """What the OK line adds: ` under the profile of NAME`, or "" without `--profile`."""
@@ -537,13 +556,24 @@ def _check_ar(
     from properties.ar.decisions import operations
     from properties.ar.trace_check import check_ar_trace
     from properties.verify import ArTwin
-    from schedspec_cli.trace_profile import ar_log_difference, ar_policy_for, in_space, twin_runs
+    from schedspec_cli.trace_profile import (
+        ar_log_difference,
+        ar_policy_for,
+        in_space,
+        twin_runs,
+        twin_with_the_logs_settings,
+    )
     from spec.ar.profile import ArPolicy
 
     policy = None
     if extras.named is not None:
         in_space(extras.named, ran)
         policy = ar_policy_for(extras.named, ran)
+    if isinstance(extras.twin, ArTwin):  # before any event is read, as twin_runs
+        settings = extras.declared if extras.declared is not None else policy
+        settled = twin_with_the_logs_settings(extras.twin, settings, ran)
+        args.verdict["twin"] = settled.name
+        extras = dataclasses.replace(extras, twin=settled)
     if extras.twin is not None:
         twin_runs(extras.twin, ran, extras.named)
     kept: list[Any] | None = [] if extras.twin is not None else None

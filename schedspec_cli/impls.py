@@ -111,6 +111,9 @@ def _checked(impl: Implementation, target: str) -> Implementation:
 
     factory.__name__ = getattr(inner, "__name__", "factory")
     factory.__qualname__ = getattr(inner, "__qualname__", "factory")
+    # what it wraps, as functools does (`inspect.unwrap`): a twin rebuilt with a log's settings
+    # is looked up by its own factory
+    factory.__wrapped__ = inner  # type: ignore[attr-defined]
     if isinstance(impl, DllmImplementation):
         return DllmImplementation(factory, impl.profile, impl.description)
     return ArImplementation(factory, impl.profile, impl.description)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,11 +26,16 @@ from integrations.vllm import (
 )
 from integrations.vllm.adapter import RealVllmScheduler
 from integrations.vllm.cache_probe_fix import CACHE_PROBE_FIXES, REAL_VLLM_CACHE_AWARE_FIXED
+from integrations.vllm.engine_core import EngineCoreLoop, core_program
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.settings_034 import Vllm034Settings
 from properties.ar.conformance import ar_conformance_machine
-from properties.verify import failure_from, run_machine
+from properties.ar.trace_check import check_ar_trace
+from properties.verify import ArTwin, failure_from, run_machine
 from reference.ar import vllm_settings
+from schedspec_cli.trace_profile import ar_log_difference
+from spec.ar.config import Policy
+from spec.ar.events import ArEvent
 from spec.ar.profile import ArProfile
 from spec.errors import ConfigError, SpecViolation
 from spec.implementation import ArImplementation
@@ -36,6 +43,7 @@ from tests.engine_gate import require_engine
 from tests.patch_check import apply_fix_set
 from tests.test_ar_cache_aware import ONE_SEAT, admission_order
 from tests.test_ar_mutants import HUNT
+from tests.test_check_trace_twin_settings import check
 from tests.tier import depth
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", depth(20, 40)))
@@ -193,3 +201,54 @@ def test_a_live_log_declares_the_window_it_runs_with() -> None:
             assert declared["cache_aware_window"] == VLLM_CACHE_AWARE_WINDOW, declared
             # vLLM's default threshold is the spec's default: not written
             assert "cache_aware_threshold" not in declared, declared
+
+
+def window_logs(count: int, threshold: float) -> Iterator[list[str]]:
+    """The live logs of the first `count` generated programs the window applies to (FCFS with
+    prefix caching), vLLM 0.34.0 serving each with the window at `threshold`."""
+    found, seed = 0, 0
+    while found < count:
+        program = core_program(seed)
+        seed += 1
+        if not program.config.enable_prefix_caching or program.config.policy is not Policy.FCFS:
+            continue
+        found += 1
+        lines: list[str] = []
+
+        def attach(sched: Any, into: list[str] = lines) -> None:
+            VllmEventLog(sched, into.append)
+
+        EngineCoreLoop(
+            program.config,
+            async_scheduling=False,
+            mutate=attach,
+            settings_034=Vllm034Settings(VLLM_CACHE_AWARE_WINDOW, threshold),
+        ).run(program)
+        yield lines
+
+
+def test_a_live_log_at_threshold_0_decides_as_its_twin(tmp_path: Path) -> None:
+    """Logs of vLLM 0.34.0 with the window at threshold 0 declare it; `check-trace --twin`
+    runs `VLLM_V1_CACHE_AWARE` at that threshold and decides alike on each, where the twin at
+    its own threshold (0.5) decides otherwise on some (a false twin_decisions before the twin
+    took the log's settings)."""
+    if not has_the_setting():
+        return
+    twin = "reference.ar.vllm_settings:VLLM_V1_CACHE_AWARE"
+    as_declared = vllm_settings.VLLM_V1_CACHE_AWARE.profile
+    raw = ArTwin("raw", vllm_settings.VLLM_V1_CACHE_AWARE.factory, as_declared.policy)
+    apart = 0
+    for lines in window_logs(depth(20, 100), 0.0):
+        assert json.loads(lines[0])["declared_policy"]["cache_aware_threshold"] == 0.0
+        path = tmp_path / "log.jsonl"
+        path.write_text("".join(f"{line}\n" for line in lines))
+        code, said = check(str(path), "--twin", twin)
+        assert code == 0 and f"{twin} with the log's cache_aware_threshold=0.0 decides" in said
+        kept: list[ArEvent] = []
+        log = check_ar_trace(lines, keep=kept)
+        assert log.config is not None
+        as_is = ar_log_difference(
+            raw, kept, log.config, log.policy, log.idle_at_end, log.sampled_stops
+        )
+        apart += as_is is not None
+    assert apart >= 1, "no program where the threshold decides"

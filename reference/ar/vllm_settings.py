@@ -22,14 +22,18 @@ config says) with vLLM 0.33.0's options (`VLLM_033`) and one setting of
   (`cache_aware_admission_window=3`, its default threshold 0.5), the twin of
   `integrations.vllm:REAL_VLLM_CACHE_AWARE` (which needs vLLM 0.34.0: 0.33.0 has no such
   setting); the reordering applies under FCFS with prefix caching, as in vLLM.
+
+`with_vllm_settings` rebuilds any of these twins (and `vllm-v1`, `vllm-v1-prefix`) with the
+settings a log declares, for `check-trace --twin`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
-from reference.ar.prefix_cache import PrefixCachingVllmV1
-from reference.ar.vllm_v1 import VLLM_033, VllmOptions
+from reference.ar.prefix_cache import PrefixCachingVllmV1, make_vllm_v1_prefix
+from reference.ar.vllm_v1 import VLLM_033, VllmOptions, make_vllm_v1_033
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, Policy
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
@@ -68,6 +72,44 @@ VLLM_034_CACHE_AWARE = dataclasses.replace(
 _VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
 
 
+#: The vLLM options each reference twin's factory runs, for `with_vllm_settings`: `vllm-v1`'s
+#: and `vllm-v1-prefix`'s (vLLM 0.33.0's), and each variant's (added as `_variant` builds it).
+_OPTIONS_OF: dict[ArImplementationFactory, VllmOptions] = {
+    make_vllm_v1_033: VLLM_033,
+    make_vllm_v1_prefix: VLLM_033,
+}
+
+
+def with_vllm_settings(
+    factory: ArImplementationFactory, settings: ArPolicy
+) -> ArImplementationFactory | None:
+    """The reference twin `factory` (`vllm-v1`, `vllm-v1-prefix` or a variant of this module, or
+    a wrapper of one naming it as `__wrapped__`) with vLLM's scheduler settings as `settings`
+    declares them: its watermark, adaptive long-prefill threshold, prefill cadence,
+    whole-sequence reservation and cache-aware window and threshold; its other options (a
+    candidate fix included) kept. None when `factory` is none of these, or `settings` declares
+    a watermark other than vLLM's (of the whole pool, binding beside a running request)."""
+    base = _OPTIONS_OF.get(inspect.unwrap(factory))
+    vllm_watermark = settings.watermark_of_pool and settings.watermark_beside_running
+    if base is None or (settings.watermark_fraction and not vllm_watermark):
+        return None
+    options = dataclasses.replace(
+        base,
+        watermark=settings.watermark_fraction,
+        adaptive_threshold=settings.adaptive_long_prefill_threshold,
+        prefill_interval=settings.prefill_interval,
+        full_sequence_admission=settings.full_sequence_admission,
+        cache_aware_window=settings.cache_aware_window,
+        cache_aware_threshold=settings.cache_aware_threshold,
+    )
+
+    def with_settings(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        # without prefix caching the prefix-caching reference is `vllm-v1` itself
+        return PrefixCachingVllmV1(config, sink, options)
+
+    return with_settings
+
+
 def _variant(
     options: VllmOptions,
     policy: ArPolicy,
@@ -81,6 +123,7 @@ def _variant(
     def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return PrefixCachingVllmV1(config, sink, options)
 
+    _OPTIONS_OF[factory] = options
     both = frozenset({False, True})
     space = ArConfigSpace(
         policies=frozenset(Policy) if policies is None else policies,
@@ -183,4 +226,5 @@ __all__ = [
     "make_vllm_v1_cadence_fixed",
     "make_vllm_v1_no_reserve",
     "make_vllm_v1_watermark",
+    "with_vllm_settings",
 ]

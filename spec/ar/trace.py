@@ -266,23 +266,31 @@ def ar_config_from_dict(data: dict[str, Any], line_no: int = 0) -> tuple[ArConfi
         )
     try:
         config = ArConfig(**_typed_kwargs(ArConfig, body, "config", line_no))
-        policy = ArPolicy()
-        raw = data.get("declared_policy")
-        if raw is not None:
-            if not isinstance(raw, dict):
-                raise TraceFormatError(line_no, "config.declared_policy must be a JSON object")
-            kwargs = _typed_kwargs(ArPolicy, raw, "policy", line_no)
-            rules = kwargs.get("rules")
-            if rules is not None:
-                if not isinstance(rules, dict):
-                    raise TraceFormatError(line_no, "policy.rules must be a JSON object")
-                kwargs["rules"] = ArRules(**_typed_kwargs(ArRules, rules, "rules", line_no))
-            policy = ArPolicy(**kwargs)
+    except (ConfigError, TypeError) as err:
+        raise TraceFormatError(line_no, f"bad header: {err}") from None
+    return config, ar_policy_from_dict(data, line_no)
+
+
+def ar_policy_from_dict(data: dict[str, Any], line_no: int = 0) -> ArPolicy:
+    """The policy a header line declares (its `declared_policy`; `ArPolicy()` without one); a
+    bad field raises `TraceFormatError` naming the line and the field."""
+    raw = data.get("declared_policy")
+    if raw is None:
+        return ArPolicy()
+    if not isinstance(raw, dict):
+        raise TraceFormatError(line_no, "config.declared_policy must be a JSON object")
+    try:
+        kwargs = _typed_kwargs(ArPolicy, raw, "policy", line_no)
+        rules = kwargs.get("rules")
+        if rules is not None:
+            if not isinstance(rules, dict):
+                raise TraceFormatError(line_no, "policy.rules must be a JSON object")
+            kwargs["rules"] = ArRules(**_typed_kwargs(ArRules, rules, "rules", line_no))
+        return ArPolicy(**kwargs)
     except ConfigError as err:
         raise TraceFormatError(line_no, f"bad header: {err}") from None
     except TypeError as err:  # a wrong type inside ArRules (it does not validate itself)
         raise TraceFormatError(line_no, f"bad header: {err}") from None
-    return config, policy
 
 
 def write_ar_trace(
@@ -433,6 +441,7 @@ __all__ = [
     "ar_config_to_dict",
     "ar_event_from_dict",
     "ar_event_to_dict",
+    "ar_policy_from_dict",
     "ar_policy_to_dict",
     "missing_ar_config_fields",
     "trace_family",

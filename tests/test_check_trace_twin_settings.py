@@ -1,0 +1,188 @@
+"""`check-trace --twin` on an AR log that declares its scheduler's settings: a vLLM reference
+twin takes the log's settings (a cache-aware threshold of 0, a watermark, no whole-sequence
+reservation); any other twin that declares different ones is refused in one line (exit 2),
+since it decides otherwise by construction; settings that bear on no decision under the log's
+configuration are not compared."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from properties.ar.harness import ArHarness
+from properties.verify import ArTwin
+from reference.ar.prefix_cache import PrefixCachingVllmV1
+from reference.ar.vllm_settings import VLLM_V1_CACHE_AWARE, VLLM_V1_WATERMARK
+from reference.ar.vllm_v1 import VLLM_033
+from schedspec_cli.main import main
+from schedspec_cli.trace_profile import ar_log_difference, settings_in_effect
+from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.config import ArConfig, ArRequest, Policy
+from spec.ar.events import ArEvent
+from spec.ar.profile import ArPolicy
+from spec.ar.trace import write_ar_trace
+from spec.implementation import ArImplementation
+
+# 24 usable blocks of 4 tokens, two seats: prompts sharing 4 to 12 leading tokens keep the pool
+# between empty and half used, where thresholds 0 and 0.5 decide apart
+CFG = ArConfig(
+    num_blocks=25,
+    block_size=4,
+    max_num_seqs=2,
+    max_num_batched_tokens=16,
+    max_model_len=64,
+    enable_prefix_caching=True,
+)
+
+#: vLLM 0.34.0 with the cache-aware window of 3 at threshold 0, as its log declares it.
+THRESHOLD_0 = dataclasses.replace(VLLM_V1_CACHE_AWARE.profile.policy, cache_aware_threshold=0.0)
+
+
+def threshold_0(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """The reference with vLLM 0.34.0's window of 3 at threshold 0 (the log's scheduler)."""
+    options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
+    return PrefixCachingVllmV1(config, sink, options)
+
+
+#: A twin of the user's own: the window at vLLM's default threshold, declared (not a vLLM
+#: reference twin, so nothing takes the log's settings).
+HALF = ArImplementation(
+    lambda config, sink: PrefixCachingVllmV1(
+        config, sink, dataclasses.replace(VLLM_033, cache_aware_window=3)
+    ),
+    VLLM_V1_CACHE_AWARE.profile,
+    "the window at threshold 0.5, a twin of the user's own",
+)
+
+
+def events_of(
+    seed: int,
+    factory: ArImplementationFactory = threshold_0,
+    policy: ArPolicy = THRESHOLD_0,
+    config: ArConfig = CFG,
+) -> list[ArEvent]:
+    """The run of 8 requests drawn by `seed` (prompts sharing one of two 12-token stems up to
+    a block boundary) through `factory`, checked under `policy`."""
+    rng = random.Random(seed)
+    h = ArHarness(factory, config, policy=policy)
+    stems = [tuple(rng.randrange(100) for _ in range(12)) for _ in range(2)]
+    for i in range(8):
+        stem = rng.choice(stems)[: rng.choice((0, 4, 8, 12))]
+        prompt = stem + tuple(rng.randrange(100, 200) for _ in range(rng.randrange(1, 8)))
+        h.submit(ArRequest(f"r{i}", len(prompt), rng.randrange(1, 6), prompt=prompt))
+        if rng.random() < 0.5:
+            h.step()
+    h.drain()
+    assert h.violation is None, h.violation
+    return list(h.events)
+
+
+def log_of(
+    path: Path, events: list[ArEvent], declared: ArPolicy | None, config: ArConfig = CFG
+) -> str:
+    """Write `events` as a log whose header declares `declared` (None: no policy)."""
+    with path.open("w", encoding="utf-8") as out:
+        write_ar_trace(events, out, config, declared)
+    return str(path)
+
+
+def check(path: str, *flags: str) -> tuple[int, str]:
+    """`check-trace PATH FLAGS`: its exit code and what it printed."""
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", out)
+        mp.setattr("sys.stderr", out)
+        code = main(["check-trace", path, *flags])
+    return code, out.getvalue()
+
+
+CACHE_AWARE = "reference.ar.vllm_settings:VLLM_V1_CACHE_AWARE"
+
+
+def test_the_cache_aware_twin_takes_the_threshold_the_log_declares(tmp_path: Path) -> None:
+    """Logs of the window at threshold 0: the twin as declared (threshold 0.5) decides
+    otherwise on most of them, by construction; `--twin` takes the log's threshold and decides
+    alike on every one, saying whose threshold it ran."""
+    as_declared = VLLM_V1_CACHE_AWARE.profile
+    raw = ArTwin("raw", VLLM_V1_CACHE_AWARE.factory, as_declared.policy, as_declared.space)
+    apart = 0
+    for seed in range(12):
+        events = events_of(seed)
+        apart += ar_log_difference(raw, events, CFG, THRESHOLD_0, True, {}) is not None
+        code, said = check(
+            log_of(tmp_path / f"{seed}.jsonl", events, THRESHOLD_0), "--twin", CACHE_AWARE
+        )
+        assert code == 0, said
+        assert f"its twin {CACHE_AWARE} with the log's cache_aware_threshold=0.0 decides" in said
+    assert apart >= 6, apart
+
+
+def test_a_plain_vllm_twin_takes_the_window_too(tmp_path: Path) -> None:
+    """vllm-v1-prefix declares no window: it takes the log's window and threshold, and
+    `--json` names the twin it ran."""
+    log = log_of(tmp_path / "log.jsonl", events_of(1), THRESHOLD_0)
+    verdict = tmp_path / "verdict.json"
+    code, said = check(log, "--twin", "vllm-v1-prefix", "--json", str(verdict))
+    taken = "vllm-v1-prefix with the log's cache_aware_window=3, cache_aware_threshold=0.0"
+    assert code == 0 and f"its twin {taken} decides alike" in said, said
+    assert json.loads(verdict.read_text())["twin"] == taken
+
+
+def test_a_twin_of_the_users_own_with_other_settings_is_refused(tmp_path: Path) -> None:
+    """A twin that declares threshold 0.5 (nothing rebuilds it) is an input error naming the
+    setting, the log's value and the twin's, before any event is read."""
+    log = log_of(tmp_path / "log.jsonl", events_of(1), THRESHOLD_0)
+    code, said = check(log, "--twin", f"{__name__}:HALF")
+    assert code == 2, said
+    assert said.count("\n") == 1 and "Traceback" not in said, said
+    assert "cache_aware_threshold: the log 0.0, the twin 0.5" in said, said
+
+
+def test_a_watermark_vllm_does_not_have_is_refused(tmp_path: Path) -> None:
+    """Vidur's watermark (of the usable blocks, whatever runs) is no vLLM setting: vllm-v1
+    cannot take it, and says which settings differ."""
+    vidur_like = ArPolicy(watermark_fraction=0.01)
+    flat = CFG.replace(enable_prefix_caching=False)
+    log = log_of(
+        tmp_path / "log.jsonl", events_of(2, config=flat, policy=vidur_like), vidur_like, flat
+    )
+    code, said = check(log, "--twin", "vllm-v1")
+    assert code == 2 and "watermark_fraction: the log 0.01, the twin 0.0" in said, said
+    assert "its watermark is of the whole pool" in said, said
+
+
+def test_the_profile_gives_the_settings_of_a_log_that_declares_none(tmp_path: Path) -> None:
+    """A header without a policy, of a run whose watermark binds (8 usable blocks), checked
+    `--profile vllm-v1-watermark`: the profile's watermark is the log's, so vllm-v1-prefix
+    takes it and decides alike; without the profile it runs as it is, and decides otherwise."""
+    small = CFG.replace(num_blocks=9)
+    impl = VLLM_V1_WATERMARK
+    events = events_of(0, impl.factory, impl.profile.policy, small)
+    log = log_of(tmp_path / "log.jsonl", events, None, small)
+    code, said = check(log, "--profile", "vllm-v1-watermark", "--twin", "vllm-v1-prefix")
+    assert code == 0, said
+    assert "vllm-v1-prefix with the log's watermark_fraction=0.25" in said, said
+    code, said = check(log, "--twin", "vllm-v1-prefix")
+    assert code == 1 and "[twin_decisions] against vllm-v1-prefix: step " in said, said
+
+
+@pytest.mark.parametrize(
+    "config",
+    [CFG.replace(policy=Policy.PRIORITY), CFG.replace(enable_prefix_caching=False)],
+    ids=["priority", "no-prefix-caching"],
+)
+def test_a_window_vllm_does_not_apply_is_not_compared(config: ArConfig) -> None:
+    """Under priority, or without prefix caching, vLLM applies no window: a log declaring none
+    and a twin declaring one have the same settings in effect."""
+    plain = VLLM_V1_CACHE_AWARE.profile.policy
+    assert settings_in_effect(plain, config) == settings_in_effect(
+        dataclasses.replace(plain, cache_aware_window=0), config
+    )
+    assert settings_in_effect(plain, CFG) != settings_in_effect(
+        dataclasses.replace(plain, cache_aware_window=0), CFG
+    )
