@@ -27,7 +27,7 @@ from schedspec_cli.torch_threads import (
     pin_torch_threads,
     torch_threads_now,
 )
-from schedspec_cli.twins import twin_for_targets
+from schedspec_cli.twins import twin_for_target, twin_for_targets
 from spec.implementation import Family, Implementation
 
 
@@ -83,7 +83,8 @@ def bench_main(argv: list[str]) -> int:
         policy: ParityPolicy = "always" if parity == "on" and dllm else "never"
         if twin:  # warm up (lazy imports, caches) so that neither timed run pays for it
             _run(t.implementation, policy, None, min(args.examples, WARM_UP_EXAMPLES), args.seed)
-        for with_twin in (None, twin) if twin else (None,):
+        its_twin = twin_for_target(twin, t) if twin else None
+        for with_twin in (None, its_twin) if its_twin else (None,):
             row = _run(t.implementation, policy, with_twin, args.examples, args.seed)
             rows.append({"impl": t.name, **row, "parity_check": parity if dllm else "n/a"})
             if with_twin is not None:  # cost: time per step with the twin / without

@@ -556,13 +556,8 @@ def _check_ar(
     from properties.ar.decisions import operations
     from properties.ar.trace_check import check_ar_trace
     from properties.verify import ArTwin
-    from schedspec_cli.trace_profile import (
-        ar_log_difference,
-        ar_policy_for,
-        in_space,
-        twin_runs,
-        twin_with_the_logs_settings,
-    )
+    from schedspec_cli.trace_profile import ar_log_difference, ar_policy_for, in_space, twin_runs
+    from schedspec_cli.twin_settings import window_applies, with_settings
     from spec.ar.profile import ArPolicy
 
     policy = None
@@ -571,7 +566,7 @@ def _check_ar(
         policy = ar_policy_for(extras.named, ran)
     if isinstance(extras.twin, ArTwin):  # before any event is read, as twin_runs
         settings = extras.declared if extras.declared is not None else policy
-        settled = twin_with_the_logs_settings(extras.twin, settings, ran)
+        settled = with_settings(extras.twin, settings, window_applies(ran), "the log")
         args.verdict["twin"] = settled.name
         extras = dataclasses.replace(extras, twin=settled)
     if extras.twin is not None:

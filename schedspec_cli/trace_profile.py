@@ -22,10 +22,8 @@ its decisions are what is compared, and the harness's whole-state comparisons wo
 log's replay quadratic); an AR twin runs in the AR harness under its policy.
 
 An AR log that declares its scheduler's settings (a watermark, a prefill cadence, a cache-aware
-window and threshold, ...: `AR_SETTINGS`) is replayed by a twin with those settings: a vLLM
-reference twin (`vllm-v1`, `vllm-v1-prefix`, a `reference.ar.vllm_settings` variant) takes
-them from the log, and any other twin that declares different ones is refused (it decides
-otherwise by construction, which says nothing of the log).
+window and threshold, ...) is replayed by a twin with those settings
+(`schedspec_cli.twin_settings`).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from properties.verify import ArTwin, DllmTwin
 from schedspec_cli.impls import require_engine, resolve_builtin
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
-from spec.ar.config import ArConfig, Policy
+from spec.ar.config import ArConfig
 from spec.ar.events import ArEvent
 from spec.ar.profile import ArPolicy, ArProfile
 from spec.config import DllmConfig
@@ -175,66 +173,6 @@ def ar_log_difference(
     return twin_difference(ops, events, config, twin.factory, own, subject="the log")
 
 
-#: The `ArPolicy` fields that are an engine's settings (options an operator sets) rather than
-#: its fixed rules: a twin run with other values decides otherwise by construction.
-AR_SETTINGS = (
-    "watermark_fraction",
-    "watermark_of_pool",
-    "watermark_beside_running",
-    "adaptive_long_prefill_threshold",
-    "prefill_interval",
-    "full_sequence_admission",
-    "cache_aware_window",
-    "cache_aware_threshold",
-)
-
-
-def settings_in_effect(policy: ArPolicy, config: ArConfig) -> dict[str, object]:
-    """`policy`'s `AR_SETTINGS` that bear on decisions under `config`: a watermark's kind only
-    with a watermark, the cache-aware window only under FCFS with prefix caching (as vLLM
-    applies it) and its threshold only with a window."""
-    in_effect = {name: getattr(policy, name) for name in AR_SETTINGS}
-    if not policy.watermark_fraction:
-        del in_effect["watermark_of_pool"], in_effect["watermark_beside_running"]
-    if config.policy is not Policy.FCFS or not config.enable_prefix_caching:
-        in_effect["cache_aware_window"] = 0
-    if not in_effect["cache_aware_window"]:
-        del in_effect["cache_aware_threshold"]
-    return in_effect
-
-
-def twin_with_the_logs_settings(
-    twin: ArTwin, declared: ArPolicy | None, config: ArConfig
-) -> ArTwin:
-    """The twin that replays a log which declares `declared` (None: declares nothing, and any
-    twin replays it): `twin` when its settings in effect are the log's; a vLLM reference twin
-    rebuilt with the log's settings (`reference.ar.vllm_settings.with_vllm_settings`), named
-    with them; else `ConfigError` naming each setting the twin and the log set otherwise."""
-    from reference.ar.vllm_settings import with_vllm_settings
-
-    if declared is None or twin.policy is None:
-        return twin
-    ours, logs = settings_in_effect(twin.policy, config), settings_in_effect(declared, config)
-    differing = [n for n in AR_SETTINGS if ours.get(n) != logs.get(n)]
-    if not differing:
-        return twin
-    factory = with_vllm_settings(twin.factory, declared)
-    if factory is None:
-        said = "; ".join(
-            f"{n}: the log {logs.get(n, '-')!r}, the twin {ours.get(n, '-')!r}" for n in differing
-        )
-        raise ConfigError(
-            "--twin",
-            twin.name,
-            f"a twin run with the settings the log declares ({said}); vLLM's reference twins "
-            "(vllm-v1, vllm-v1-prefix) take them from the log where vLLM has them (its "
-            "watermark is of the whole pool, binding beside a running request)",
-        )
-    taken = ", ".join(f"{n}={logs[n]!r}" for n in differing if n in logs)
-    policy = dataclasses.replace(twin.policy, **{n: getattr(declared, n) for n in AR_SETTINGS})
-    return ArTwin(f"{twin.name} with the log's {taken}", factory, policy, twin.space)
-
-
 def twin_runs(
     twin: DllmTwin | ArTwin, config: DllmConfig | ArConfig, named: TraceProfile | None
 ) -> None:
@@ -277,14 +215,11 @@ def twin_runs(
 
 
 __all__ = [
-    "AR_SETTINGS",
     "TraceProfile",
     "ar_log_difference",
     "ar_policy_for",
     "dllm_log_difference",
     "in_space",
     "resolve_trace_profile",
-    "settings_in_effect",
     "twin_runs",
-    "twin_with_the_logs_settings",
 ]

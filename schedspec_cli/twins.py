@@ -36,6 +36,7 @@ from properties.verify import ArTwin, DllmTwin, Twin
 from schedspec_cli.impls import ADAPTER_METHODS, Resolved, load_engine, resolve, resolve_builtin
 from schedspec_cli.loader import load_object
 from schedspec_cli.registry import BUILTINS
+from schedspec_cli.twin_settings import window_applies_in, with_settings
 from spec.ar.config import ArConfig
 from spec.ar.profile import ArProfile
 from spec.config import DllmConfig, Mode
@@ -77,7 +78,24 @@ def twin_for_targets(
                 profile.space, prefix_cache=drawn_prefix_cache(profile.space)
             )
             _refuse_uncovered(name, t.name, twin.profile.space.uncovered(drawn, modes))
+    for t in targets:  # a twin refused for a target's settings: before any run
+        twin_for_target(twin, t)
     return twin
+
+
+def twin_for_target(twin: Twin, target: Resolved) -> Twin:
+    """The twin to run beside `target`: an AR twin with the settings `target`'s profile
+    declares (`schedspec_cli.twin_settings.with_settings`: a vLLM reference twin takes them,
+    another declaring others is refused); a bare factory declares none, and a dLLM twin runs
+    as it is."""
+    profile = target.implementation.profile
+    if not isinstance(twin, ArTwin) or not isinstance(profile, ArProfile):
+        return twin
+    if target.builtin is None and not isinstance(
+        load_object(target.target, "impl"), ArImplementation
+    ):
+        return twin  # a bare factory: checked under no declared policy
+    return with_settings(twin, profile.policy, window_applies_in(profile.space), target.name)
 
 
 def _refuse_uncovered(twin: str, target: str, gap: str | None) -> None:
@@ -270,4 +288,4 @@ def _missing_methods(obj: object, family: Family) -> list[str]:
     return [m for m in ADAPTER_METHODS[family] if not callable(getattr(obj, m, None))]
 
 
-__all__ = ["installed_twin", "resolve_twin", "twin_for_targets", "twin_names"]
+__all__ = ["installed_twin", "resolve_twin", "twin_for_target", "twin_for_targets", "twin_names"]

@@ -49,7 +49,7 @@ from schedspec_cli.output import check_output_path, table, write_json
 from schedspec_cli.progress import Progress
 from schedspec_cli.registry import BUILTINS, Builtin, ParityPolicy
 from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
-from schedspec_cli.twins import STOCK_TWINS, twin_for_targets, twin_names
+from schedspec_cli.twins import STOCK_TWINS, twin_for_target, twin_for_targets, twin_names
 from spec.config import Mode
 from spec.errors import CannotDrive, ConfigError
 from spec.implementation import Family
@@ -321,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
         # batch parity by default for every dLLM implementation, built-in or module:attribute
         parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
         bar = Progress(f"verify {t.name}")
+        twin = twin_for_target(p.twin, t) if p.twin is not None else None
         # an engine's own prints (SGLang's radix tree when out of memory) stay off the table
         with implementation_stdout_to_stderr(), _twin_returns(args.twin):
             res = verify_implementation(
@@ -335,12 +336,12 @@ def run(args: argparse.Namespace) -> int:
                 fatal=(NotAnAdapter, CannotDrive),
                 profile=profile_summary(t.implementation),
                 call_timeout=args.call_timeout,
-                twin=p.twin,
+                twin=twin,
                 seed=args.seed,
             )
             bar.done()
             with call_timeout_set(args.call_timeout):
-                trials = known_fix_trials(t, res, p.accepted, p.twin)
+                trials = known_fix_trials(t, res, p.accepted, twin)
         results.append(res)
         findings.append(trials)
         engines.append(release_driven(t.builtin, active, t.engines_loaded))

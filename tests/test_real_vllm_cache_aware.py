@@ -43,7 +43,7 @@ from tests.engine_gate import require_engine
 from tests.patch_check import apply_fix_set
 from tests.test_ar_cache_aware import ONE_SEAT, admission_order
 from tests.test_ar_mutants import HUNT
-from tests.test_check_trace_twin_settings import check
+from tests.test_twin_settings import check
 from tests.tier import depth
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", depth(20, 40)))

@@ -1,8 +1,9 @@
-"""`check-trace --twin` on an AR log that declares its scheduler's settings: a vLLM reference
-twin takes the log's settings (a cache-aware threshold of 0, a watermark, no whole-sequence
-reservation); any other twin that declares different ones is refused in one line (exit 2),
-since it decides otherwise by construction; settings that bear on no decision under the log's
-configuration are not compared."""
+"""An AR twin runs with the scheduler settings of what it is compared with
+(`schedspec_cli.twin_settings`): `check-trace --twin` on a log that declares them, `verify
+--twin` beside an implementation whose profile does. A vLLM reference twin takes them (a
+cache-aware threshold of 0, a watermark, no whole-sequence reservation); any other twin that
+declares different ones is refused in one line (exit 2), since it decides otherwise by
+construction; settings that bear on no decision are not compared."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from properties.verify import ArTwin
 from reference.ar.prefix_cache import PrefixCachingVllmV1
 from reference.ar.vllm_settings import VLLM_V1_CACHE_AWARE, VLLM_V1_WATERMARK
 from reference.ar.vllm_v1 import VLLM_033
+from schedspec_cli.impls import resolve
 from schedspec_cli.main import main
-from schedspec_cli.trace_profile import ar_log_difference, settings_in_effect
+from schedspec_cli.trace_profile import ar_log_difference
+from schedspec_cli.twin_settings import settings_in_effect, window_applies
+from schedspec_cli.twins import installed_twin, twin_for_target
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import ArEvent
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import write_ar_trace
-from spec.implementation import ArImplementation
+from spec.implementation import ArImplementation, Family
 
 # 24 usable blocks of 4 tokens, two seats: prompts sharing 4 to 12 leading tokens keep the pool
 # between empty and half used, where thresholds 0 and 0.5 decide apart
@@ -180,9 +184,53 @@ def test_a_window_vllm_does_not_apply_is_not_compared(config: ArConfig) -> None:
     """Under priority, or without prefix caching, vLLM applies no window: a log declaring none
     and a twin declaring one have the same settings in effect."""
     plain = VLLM_V1_CACHE_AWARE.profile.policy
-    assert settings_in_effect(plain, config) == settings_in_effect(
-        dataclasses.replace(plain, cache_aware_window=0), config
+    window = window_applies(config)
+    assert settings_in_effect(plain, window) == settings_in_effect(
+        dataclasses.replace(plain, cache_aware_window=0), window
     )
-    assert settings_in_effect(plain, CFG) != settings_in_effect(
-        dataclasses.replace(plain, cache_aware_window=0), CFG
+    assert window_applies(CFG)
+    assert settings_in_effect(plain, True) != settings_in_effect(
+        dataclasses.replace(plain, cache_aware_window=0), True
     )
+
+
+def run(*argv: str) -> tuple[int, str]:
+    """`schedspec ARGV`: its exit code and what it printed."""
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", out)
+        mp.setattr("sys.stderr", out)
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+def test_verify_runs_a_vllm_twin_with_the_implementations_settings() -> None:
+    """`verify --impl vllm-v1-adaptive --twin vllm-v1-watermark`: the twin drops its watermark
+    and takes the adaptive threshold, and the two decide alike (before, the twin's own
+    watermark failed twin_decisions within 40 examples); the table names what it took."""
+    code, said = run(
+        "verify", "--impl", "vllm-v1-adaptive", "--twin", "vllm-v1-watermark", "--examples", "40"
+    )
+    assert code == 0, said
+    taken = "watermark_fraction=0.0, adaptive_long_prefill_threshold=True"
+    assert f"vllm-v1-watermark with vllm-v1-adaptive's {taken}" in said, said
+
+
+def test_verify_refuses_a_twin_of_other_settings_it_cannot_take() -> None:
+    """Vidur's released vLLM scheduler keeps a watermark of 0.01; the fixed twin declares none,
+    and no Vidur twin is rebuilt: exit 2 before any example, one line naming the setting."""
+    code, said = run(
+        "verify", "--impl", "vidur-vllm-released", "--twin", "vidur-vllm", "--examples", "5"
+    )
+    assert code == 2 and said.count("\n") == 1, said
+    assert "watermark_fraction: vidur-vllm-released 0.01, the twin 0.0" in said, said
+
+
+def test_a_bare_factory_declares_no_settings() -> None:
+    """A bare factory is checked under no declared policy: the twin runs as it is, while the
+    implementation that declares the same scheduler's settings gets a rebuilt twin."""
+    twin = installed_twin("vllm-v1", Family.AR)  # reserves whole sequences, as declared
+    bare = resolve("reference.ar.vllm_v1:make_vllm_v1_033", Family.AR)
+    assert twin_for_target(twin, bare) is twin
+    declared = twin_for_target(twin, resolve("vllm-v1-no-reserve", Family.AR))
+    assert declared.name == "vllm-v1 with vllm-v1-no-reserve's full_sequence_admission=False"
