@@ -391,3 +391,43 @@ def test_the_log_reads_a_grammar_without_resolving_it() -> None:
         SimpleNamespace(structured_output_request=SimpleNamespace(_grammar=failed))
     )
     assert not grammar_compiled(SimpleNamespace(structured_output_request=None))
+
+
+def compiles_as_the_pass_reaches_it(sched: Any) -> None:
+    """r0's grammar compiles the second time vLLM's waiting pass looks at r0: after the log
+    read it pending at that `schedule()` call's start, before vLLM's promotion reads it (a
+    compile thread finishing mid-pass)."""
+    original = sched._handle_blocked_waiting_request
+    looks = Counter[str]()
+
+    def handle(request: Any) -> Any:
+        looks[request.request_id] += 1
+        sor = request.structured_output_request
+        if request.request_id == "r0" and looks["r0"] == 2 and not sor._grammar.done():
+            backend = sched.structured_output_manager.backend
+            sor._grammar.set_result(backend.compile_grammar(*sor.structured_output_key))
+        return original(request)
+
+    sched._handle_blocked_waiting_request = handle
+
+
+def test_a_grammar_that_compiles_during_the_pass_is_ready_once(tmp_path: Path) -> None:
+    """`LATE` with r0's grammar compiling inside the pass of its second step (the loop would
+    complete it only after the program): r0 gets one ready, in the step that promotes it,
+    before its admission, and none between steps after; the log conforms and its twin
+    decides alike."""
+    lines: list[str] = []
+    late_grammar_log(LATE, lines, draw=lambda rid: (99, False), bug=compiles_as_the_pass_reaches_it)
+    events = kinds(lines)
+    ready = [i for i, event in enumerate(events) if event == ("ar_ready", "r0")]
+    assert len(ready) == 1, events
+    assert json.loads(lines[1 + ready[0]]) == {
+        "kind": "ar_ready",
+        "request_id": "r0",
+        "in_step": True,
+    }
+    assert events[ready[0] + 1] == ("ar_blocks_allocated", "r0"), events
+    assert sum(event == ("ar_step_end", None) for event in events[: ready[0]]) == 1, events
+    assert check_ar_trace(lines).violation is None
+    code, said = twin_verdict(lines, tmp_path)
+    assert code == 0 and "decides alike" in said, said
