@@ -89,6 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "settings the log declares (vLLM's reference twins take them; another twin declaring "
         "others is refused); holds the log in memory",
     )
+    p.add_argument(
+        "--twin-as-declared",
+        action="store_true",
+        help="with --twin: run an AR twin with its own declared settings, not the log's "
+        "(a twin of other settings then decides otherwise by construction)",
+    )
     add_call_timeout(
         p,
         "with --twin: each of the twin's calls must return within this, or the twin is "
@@ -203,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
     from spec.trace import TraceFormatError, writer_of
 
     check_output_path("--json", args.json, inputs=[("FILE", args.file), ("--config", args.config)])
+    if args.twin_as_declared and args.twin is None:
+        raise ConfigError(
+            "--twin-as-declared", True, "only with --twin (it says how the twin runs)"
+        )
     name = args.file
     try:
         with (
@@ -297,6 +307,10 @@ def _run(args: argparse.Namespace, header: Header, head: list[str], rest: Iterat
     lines = itertools.chain(head, rest)
     config = ran if header.data is None else None  # with a header: the check reads its own
     if family is Family.DLLM:
+        if args.twin_as_declared:
+            raise ConfigError(
+                "--twin-as-declared", True, "only for an AR log (a dLLM twin takes no settings)"
+            )
         return _check_dllm(args, lines, ran, config, Extras(named, twin))
     return _check_ar(args, lines, ran, config, Extras(named, twin, _declared_ar_policy(header)))
 
@@ -307,8 +321,8 @@ def _declared_ar_policy(header: Header) -> ArPolicy | None:
     from spec.ar.trace import ar_policy_from_dict
     from spec.trace import TraceFormatError
 
-    if header.data is None or "declared_policy" not in header.data:
-        return None
+    if header.data is None or header.data.get("declared_policy") is None:
+        return None  # `null`, as the check reads it: declares nothing
     try:
         return ar_policy_from_dict(header.data, header.line)
     except TraceFormatError:
@@ -564,13 +578,14 @@ def _check_ar(
     if extras.named is not None:
         in_space(extras.named, ran)
         policy = ar_policy_for(extras.named, ran)
-    if isinstance(extras.twin, ArTwin):  # before any event is read, as twin_runs
-        settings = extras.declared if extras.declared is not None else policy
-        settled = with_settings(extras.twin, settings, window_applies(ran), "the log")
-        args.verdict["twin"] = settled.name
-        extras = dataclasses.replace(extras, twin=settled)
     if extras.twin is not None:
         twin_runs(extras.twin, ran, extras.named)
+    if isinstance(extras.twin, ArTwin) and not args.twin_as_declared:  # before any event
+        settings = extras.declared if extras.declared is not None else policy
+        window = window_applies(ran)
+        settled = with_settings(extras.twin, settings, window, "the log", ran)
+        args.verdict["twin"] = settled.name
+        extras = dataclasses.replace(extras, twin=settled)
     kept: list[Any] | None = [] if extras.twin is not None else None
     # refuses a profile that contradicts the header
     with _profile_named(extras):

@@ -13,7 +13,8 @@ import dataclasses
 import inspect
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,16 @@ class Resolved:
         return self.implementation.family
 
 
+#: Each factory `_checked` built -> the factory it checks (a user's own wrapper is not one).
+_CHECKED: weakref.WeakKeyDictionary[Callable[..., Any], Any] = weakref.WeakKeyDictionary()
+
+
+def checked_factory(factory: Any) -> Any:
+    """The factory the CLI's check of `factory` wraps, or `factory` itself when the CLI did
+    not wrap it: a twin of the project's is told by its own function."""
+    return _CHECKED.get(factory, factory)
+
+
 def _checked(impl: Implementation, target: str) -> Implementation:
     family = impl.family
     inner: Any = impl.factory
@@ -111,9 +122,7 @@ def _checked(impl: Implementation, target: str) -> Implementation:
 
     factory.__name__ = getattr(inner, "__name__", "factory")
     factory.__qualname__ = getattr(inner, "__qualname__", "factory")
-    # what it wraps, as functools does (`inspect.unwrap`): a twin rebuilt with a log's settings
-    # is looked up by its own factory
-    factory.__wrapped__ = inner  # type: ignore[attr-defined]
+    _CHECKED[factory] = inner
     if isinstance(impl, DllmImplementation):
         return DllmImplementation(factory, impl.profile, impl.description)
     return ArImplementation(factory, impl.profile, impl.description)
@@ -454,6 +463,7 @@ __all__ = [
     "DllmImplementation",
     "NotAnAdapter",
     "Resolved",
+    "checked_factory",
     "engine_release",
     "ignored_scheduler_cls",
     "load_engine",

@@ -8,12 +8,15 @@ construction, which says nothing of the scheduler, so `with_settings`:
 
 - keeps the twin when its settings in effect are those compared with;
 - rebuilds a vLLM reference twin (`vllm-v1`, `vllm-v1-prefix`, a `reference.ar.vllm_settings`
-  variant) with them (`reference.ar.vllm_settings.with_vllm_settings`), named with them;
+  variant, or the bare factory of one) with them
+  (`reference.ar.vllm_settings.with_vllm_settings`), named with them;
 - refuses any other twin (`ConfigError`, exit 2), naming each setting with both values.
 
 Settings no decision reads are not compared: the cache-aware window where vLLM applies none
-(other than FCFS with prefix caching), its threshold without a window, a watermark's kind
-without a watermark.
+(other than FCFS with prefix caching), its threshold without a window, and, for a log, a
+watermark by the blocks it keeps free in the log's pool (Vidur's 0.01 of fewer than 100 blocks
+keeps none) and its kind only where it keeps some. `--twin-as-declared` skips all this: the
+twin runs as it declares itself.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from properties.verify import ArTwin
+from schedspec_cli.impls import checked_factory
 from spec.ar.config import ArConfig, Policy
 from spec.ar.profile import ArConfigSpace, ArPolicy
 from spec.errors import ConfigError
@@ -49,13 +53,23 @@ def window_applies_in(space: ArConfigSpace) -> bool:
     return Policy.FCFS in space.policies and True in space.prefix_caching
 
 
-def settings_in_effect(policy: ArPolicy, window: bool) -> dict[str, object]:
-    """`policy`'s `AR_SETTINGS` that bear on decisions: a watermark's kind only with a
-    watermark, the cache-aware window only where one applies (`window`) and its threshold only
-    with a window."""
+def settings_in_effect(
+    policy: ArPolicy, window: bool, config: ArConfig | None = None
+) -> dict[str, object]:
+    """`policy`'s `AR_SETTINGS` that bear on decisions: the cache-aware window only where one
+    applies (`window`) and its threshold only with a window; a watermark's kind only with a
+    watermark. Under `config` (a log's) the watermark is the blocks it keeps free there
+    (`watermark_blocks`, its kind folded in), and where it keeps none it has no kind."""
     in_effect = {name: getattr(policy, name) for name in AR_SETTINGS}
-    if not policy.watermark_fraction:
-        del in_effect["watermark_of_pool"], in_effect["watermark_beside_running"]
+    if config is not None:
+        del in_effect["watermark_fraction"], in_effect["watermark_of_pool"]
+        in_effect = {"watermark_blocks": policy.watermark_blocks(config), **in_effect}
+        watermark = bool(in_effect["watermark_blocks"])
+    else:
+        watermark = bool(policy.watermark_fraction)
+    if not watermark:
+        in_effect.pop("watermark_of_pool", None)
+        del in_effect["watermark_beside_running"]
     if not window:
         in_effect["cache_aware_window"] = 0
     if not in_effect["cache_aware_window"]:
@@ -63,35 +77,61 @@ def settings_in_effect(policy: ArPolicy, window: bool) -> dict[str, object]:
     return in_effect
 
 
-def with_settings(twin: ArTwin, settings: ArPolicy | None, window: bool, whose: str) -> ArTwin:
+def with_settings(
+    twin: ArTwin,
+    settings: ArPolicy | None,
+    window: bool,
+    whose: str,
+    config: ArConfig | None = None,
+) -> ArTwin:
     """The twin to compare with what declares `settings` (None: declares none, and `twin` runs
     as it is), `whose` naming it ("the log", an implementation's name); `window`: whether a
-    cache-aware window applies there. See the module docstring."""
-    from reference.ar.vllm_settings import with_vllm_settings
+    cache-aware window applies there; `config`: the log's configuration, where there is one.
+    See the module docstring."""
+    from reference.ar.vllm_settings import has_vllms_watermark, vllm_settings_of, with_vllm_settings
 
-    if settings is None or twin.policy is None:
+    factory = checked_factory(twin.factory)
+    own = twin.policy if twin.policy is not None else vllm_settings_of(factory)
+    if settings is None or own is None:
         return twin
-    ours = settings_in_effect(twin.policy, window)
-    theirs = settings_in_effect(settings, window)
-    differing = [n for n in AR_SETTINGS if ours.get(n) != theirs.get(n)]
+    ours = settings_in_effect(own, window, config)
+    theirs = settings_in_effect(settings, window, config)
+    differing = [n for n in {**theirs, **ours} if ours.get(n) != theirs.get(n)]
     if not differing:
         return twin
-    factory = with_vllm_settings(twin.factory, settings)
-    if factory is None:
+    # a watermark's kind where only one side keeps a watermark is said by the watermark
+    kind = ("watermark_of_pool", "watermark_beside_running")
+    shown = [n for n in differing if n not in kind or (n in ours and n in theirs)] or differing
+    rebuilt = with_vllm_settings(factory, settings)
+    if rebuilt is None:
         said = "; ".join(
-            f"{n}: {whose} {theirs.get(n, '-')!r}, the twin {ours.get(n, '-')!r}" for n in differing
+            f"{n}: {whose} {theirs.get(n, '-')!r}, the twin {ours.get(n, '-')!r}" for n in shown
+        )
+        vllms = (
+            "; vLLM's reference twins (vllm-v1, vllm-v1-prefix) take them"
+            if has_vllms_watermark(settings)
+            else ""
         )
         raise ConfigError(
             "--twin",
             twin.name,
-            f"a twin run with the settings {whose} declares ({said}); vLLM's reference twins "
-            "(vllm-v1, vllm-v1-prefix) take them where vLLM has them (its watermark is of the "
-            "whole pool, binding beside a running request)",
+            f"a twin run with the settings {whose} declares ({said}){vllms}, or "
+            "--twin-as-declared to run the twin as it is",
         )
-    taken = ", ".join(f"{n}={theirs[n]!r}" for n in differing if n in theirs)
-    policy = dataclasses.replace(twin.policy, **{n: getattr(settings, n) for n in AR_SETTINGS})
+    taken = ", ".join(_as_declared(n, settings, theirs) for n in shown if n in theirs)
+    policy = None  # a bare factory runs under the policy of what it is compared with
+    if twin.policy is not None:
+        policy = dataclasses.replace(twin.policy, **{n: getattr(settings, n) for n in AR_SETTINGS})
     owner = "the log's" if whose == "the log" else f"{whose}'s"
-    return ArTwin(f"{twin.name} with {owner} {taken}", factory, policy, twin.space)
+    return ArTwin(f"{twin.name} with {owner} {taken}", rebuilt, policy, twin.space)
+
+
+def _as_declared(name: str, settings: ArPolicy, in_effect: dict[str, object]) -> str:
+    """`name=value` as `settings` declares it (a log's watermark: its fraction, with the blocks
+    it keeps free)."""
+    if name == "watermark_blocks":
+        return f"watermark_fraction={settings.watermark_fraction!r} ({in_effect[name]} blocks)"
+    return f"{name}={in_effect[name]!r}"
 
 
 __all__ = [

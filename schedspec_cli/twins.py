@@ -53,12 +53,17 @@ def twin_names(family: Family) -> list[str]:
 
 
 def twin_for_targets(
-    name: str, targets: Sequence[Resolved], modes: frozenset[Mode] | None = None
+    name: str,
+    targets: Sequence[Resolved],
+    modes: frozenset[Mode] | None = None,
+    settings: bool = True,
 ) -> Twin:
     """`--twin` for a run of `targets`: they must be of one family; a real engine named as
     the twin must be installed; a dLLM twin that declares a space must run every configuration
     drawn for each target (in `modes`, `--mode`'s, when given), as `check-trace` asks of a
-    log's, or every example outside it would fail as a finding that is none."""
+    log's, or every example outside it would fail as a finding that is none; with `settings`
+    (not `--twin-as-declared`), an AR twin must take each target's settings
+    (`twin_for_target`)."""
     families = {t.family for t in targets}
     if len(families) > 1:
         names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
@@ -78,7 +83,7 @@ def twin_for_targets(
                 profile.space, prefix_cache=drawn_prefix_cache(profile.space)
             )
             _refuse_uncovered(name, t.name, twin.profile.space.uncovered(drawn, modes))
-    for t in targets:  # a twin refused for a target's settings: before any run
+    for t in targets if settings else ():  # refused for a target's settings: before any run
         twin_for_target(twin, t)
     return twin
 

@@ -107,7 +107,14 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         "run's step outcomes) or module:attribute naming a "
         "DecisionTwin; AR: any AR built-in (vllm-v1 for real-vllm) or module:attribute naming "
         "an ArImplementation (checked under its profile) or a bare factory (under the "
-        "implementation's)",
+        "implementation's), run with the settings the implementation declares (vLLM's "
+        "reference twins take them; another twin declaring others is refused)",
+    )
+    v.add_argument(
+        "--twin-as-declared",
+        action="store_true",
+        help="with --twin: run an AR twin with its own declared settings, not the "
+        "implementation's (a twin of other settings then decides otherwise by construction)",
     )
     v.add_argument(
         "--seed",
@@ -160,14 +167,26 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 # user gave can be told apart from one the run would ignore (`check_scope`).
 DEFAULT_PARITY: ParityPolicy = "always"
 MAIN_JOB_DEFAULTS: dict[str, object] = {"parity_prompts": 8, "parity_tokens": 32}
-_IMPL_ONLY = ("keep_going", "accept", "json", "family", "mode", "parity", "twin", "seed", "threads")
+_IMPL_ONLY = (
+    "keep_going",
+    "accept",
+    "json",
+    "family",
+    "mode",
+    "parity",
+    "twin",
+    "twin_as_declared",
+    "seed",
+    "threads",
+)
 
 
 def check_scope(args: argparse.Namespace) -> None:
     """Refuse a flag that the run would ignore, then fill in the main job's defaults:
-    --keep-going, --accept, --json, --family, --mode, --parity, --twin, --seed and --threads
-    shape --impl runs (--parity stays None when not given, so that `plan` can refuse it for AR
-    implementations); --parity-prompts and --parity-tokens the main job's parity step."""
+    --keep-going, --accept, --json, --family, --mode, --parity, --twin, --twin-as-declared,
+    --seed and --threads shape --impl runs (--parity stays None when not given, so that `plan`
+    can refuse it for AR implementations); --parity-prompts and --parity-tokens the main job's
+    parity step."""
 
     def given(name: str) -> bool:
         value = getattr(args, name)  # `--seed 0` is given: compare by identity, not equality
@@ -284,9 +303,13 @@ def plan(args: argparse.Namespace) -> Plan:
         if args.mode:
             refuse_undeclared_modes(args.mode, t)
     twin = None
+    if args.twin_as_declared and args.twin is None:
+        raise ConfigError(
+            "--twin-as-declared", True, "only with --twin (it says how the twin runs)"
+        )
     if args.twin is not None:
         modes = frozenset(Mode.parse(m) for m in args.mode) if args.mode else None
-        twin = twin_for_targets(args.twin, targets, modes)
+        twin = twin_for_targets(args.twin, targets, modes, not args.twin_as_declared)
     refuse_parity_for_ar_only(args.parity, targets)
     ignored = ignored_scheduler_cls(targets)
     if ignored is not None:
@@ -321,7 +344,9 @@ def run(args: argparse.Namespace) -> int:
         # batch parity by default for every dLLM implementation, built-in or module:attribute
         parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
         bar = Progress(f"verify {t.name}")
-        twin = twin_for_target(p.twin, t) if p.twin is not None else None
+        twin = p.twin
+        if twin is not None and not args.twin_as_declared:
+            twin = twin_for_target(twin, t)
         # an engine's own prints (SGLang's radix tree when out of memory) stay off the table
         with implementation_stdout_to_stderr(), _twin_returns(args.twin):
             res = verify_implementation(

@@ -30,7 +30,6 @@ settings a log declares, for `check-trace --twin`.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 from reference.ar.prefix_cache import PrefixCachingVllmV1, make_vllm_v1_prefix
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions, make_vllm_v1_033
@@ -80,18 +79,37 @@ _OPTIONS_OF: dict[ArImplementationFactory, VllmOptions] = {
 }
 
 
+def vllm_settings_of(factory: ArImplementationFactory) -> ArPolicy | None:
+    """The vLLM settings the reference twin `factory` runs (`vllm-v1`, `vllm-v1-prefix` or a
+    variant of this module; None for any other factory), as the `ArPolicy` options that
+    declare them: what a bare factory of one runs, though it declares no policy."""
+    options = _OPTIONS_OF.get(factory)
+    if options is None:
+        return None
+    watermark = bool(options.watermark)
+    return ArPolicy(
+        watermark_fraction=options.watermark,
+        watermark_of_pool=watermark,
+        watermark_beside_running=watermark,
+        adaptive_long_prefill_threshold=options.adaptive_threshold,
+        prefill_interval=options.prefill_interval,
+        full_sequence_admission=options.full_sequence_admission,
+        cache_aware_window=options.cache_aware_window,
+        cache_aware_threshold=options.cache_aware_threshold,
+    )
+
+
 def with_vllm_settings(
     factory: ArImplementationFactory, settings: ArPolicy
 ) -> ArImplementationFactory | None:
-    """The reference twin `factory` (`vllm-v1`, `vllm-v1-prefix` or a variant of this module, or
-    a wrapper of one naming it as `__wrapped__`) with vLLM's scheduler settings as `settings`
-    declares them: its watermark, adaptive long-prefill threshold, prefill cadence,
+    """The reference twin `factory` (`vllm-v1`, `vllm-v1-prefix` or a variant of this module,
+    the very function: a wrapper of one is another scheduler) with vLLM's scheduler settings as
+    `settings` declares them: its watermark, adaptive long-prefill threshold, prefill cadence,
     whole-sequence reservation and cache-aware window and threshold; its other options (a
     candidate fix included) kept. None when `factory` is none of these, or `settings` declares
     a watermark other than vLLM's (of the whole pool, binding beside a running request)."""
-    base = _OPTIONS_OF.get(inspect.unwrap(factory))
-    vllm_watermark = settings.watermark_of_pool and settings.watermark_beside_running
-    if base is None or (settings.watermark_fraction and not vllm_watermark):
+    base = _OPTIONS_OF.get(factory)
+    if base is None or not has_vllms_watermark(settings):
         return None
     options = dataclasses.replace(
         base,
@@ -108,6 +126,13 @@ def with_vllm_settings(
         return PrefixCachingVllmV1(config, sink, options)
 
     return with_settings
+
+
+def has_vllms_watermark(settings: ArPolicy) -> bool:
+    """Whether `settings` declares no watermark or vLLM's (of the whole pool, binding beside a
+    running request): the settings vLLM's reference twins can take."""
+    vllms = settings.watermark_of_pool and settings.watermark_beside_running
+    return not settings.watermark_fraction or vllms
 
 
 def _variant(
@@ -220,11 +245,13 @@ __all__ = [
     "VLLM_V1_NO_RESERVE",
     "VLLM_V1_WATERMARK",
     "VLLM_WATERMARK",
+    "has_vllms_watermark",
     "make_vllm_v1_adaptive",
     "make_vllm_v1_cache_aware",
     "make_vllm_v1_cadence",
     "make_vllm_v1_cadence_fixed",
     "make_vllm_v1_no_reserve",
     "make_vllm_v1_watermark",
+    "vllm_settings_of",
     "with_vllm_settings",
 ]
