@@ -321,6 +321,43 @@ def test_the_prefill_cadence_does_not_count_requests_deferred_for_a_grammar(
         assert twin_verdict(lines, tmp_path, twin)[0] == 1
 
 
+#: A generated program (found by a search over 800) in which a request that awaited its grammar
+#: is admitted, then preempted, and left waiting by a release step of the prefill cadence: no
+#: longer deferred, it counts for the capacity escape
+PREEMPTED_AFTER_ITS_GRAMMAR = CoreProgram(
+    ArConfig(
+        block_size=2, num_blocks=11, max_num_batched_tokens=8, max_num_seqs=3, max_model_len=16
+    ),
+    (
+        (ArRequest("r0", 4, 10), ArRequest("r1", 2, 12)),
+        (ArRequest("r2", 2, 9),),
+        (),
+        (),
+        (ArRequest("r3", 4, 6), ArRequest("r4", 4, 2)),
+    ),
+    ((), (), (), (), ()),
+)
+
+
+def test_a_request_preempted_after_its_grammar_counts_for_the_capacity_escape(
+    tmp_path: Path,
+) -> None:
+    """vLLM drops a request from `deferred_waiting` once admitted: preempted later and left
+    waiting by a release step, it is work left waiting, and the cadence's capacity escape
+    lifts the next hold. The log conforms and the cadence twin (which clears `deferred` at
+    admission) decides alike."""
+    lines: list[str] = []
+    late_grammar_log(
+        PREEMPTED_AFTER_ITS_GRAMMAR, lines, admission=AdmissionKnobs(prefill_interval=3)
+    )
+    events = kinds(lines)
+    preempted = {rid for kind, rid in events if kind == "ar_preempted"}
+    assert preempted & {rid for kind, rid in events if kind == "ar_awaiting"}, events
+    assert check_ar_trace(lines).violation is None
+    code, said = twin_verdict(lines, tmp_path, "reference.ar.vllm_settings:VLLM_V1_CADENCE")
+    assert code == 0, said
+
+
 P = (11, 12, 13, 14)  # a prompt the first requests cache (two blocks of 2)
 #: x0 (guided) and x1 cache `P` and finish in the first steps; in step 2, a (guided) and then
 #: c, whose prompt continues `P`, arrive with one seat between them
