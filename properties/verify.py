@@ -77,6 +77,8 @@ class VerifyResult:
     accepted: list[dict[str, Any]] = field(default_factory=list)
     stopped: str = ""
     twin: str = ""  # the decision twin every example was checked against ("" for none)
+    # the settings it ran with, taken from the implementation's (`ArTwin.took`)
+    twin_settings: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None  # the seed the programs were drawn from (None: derandomized)
     # golden mismatches agreed once float ties were taken the other way, and the first's account
     golden_ties: int = 0
@@ -108,6 +110,7 @@ class VerifyResult:
             "accepted": self.accepted,
             "stopped": self.stopped,
             "twin": self.twin,
+            "twin_settings": self.twin_settings,
             "seed": self.seed,
             "golden_ties": self.golden_ties,
             "first_golden_tie": self.first_golden_tie,
@@ -130,12 +133,22 @@ class DllmTwin:
 class ArTwin:
     """An AR decision twin: another AR implementation (deterministic given the operations),
     checked against the spec under `policy` (None: the implementation's own policy, for a twin
-    that declares none); `space`: the configurations it declares it runs."""
+    that declares none); `space`: the configurations it declares it runs; `took`: the
+    scheduler settings it was rebuilt with, taken from what it is compared with (name, value;
+    `schedspec_cli.twin_settings`)."""
 
     name: str
     factory: ArImplementationFactory
     policy: ArPolicy | None = None
     space: ArConfigSpace | None = None  # the configurations it declares (None: none declared)
+    took: tuple[tuple[str, object], ...] = ()
+
+    def described(self) -> str:
+        """Its name, and the settings it took: `vllm-v1 (with cache_aware_window=3)`."""
+        if not self.took:
+            return self.name
+        return f"{self.name} (with {', '.join(f'{n}={v!r}' for n, v in self.took)})"
+
     family: ClassVar[Family] = Family.AR
 
 
@@ -401,6 +414,7 @@ def verify_implementation(
         accepted=[a.to_json() for a in campaign.accepted],
         stopped=campaign.stopped,
         twin=twin.name if twin is not None else "",
+        twin_settings=dict(twin.took) if isinstance(twin, ArTwin) else {},
         seed=seed,
         golden_ties=counter.golden_ties,
         first_golden_tie=counter.first_golden_tie,

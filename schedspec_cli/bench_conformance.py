@@ -83,7 +83,7 @@ def bench_main(argv: list[str]) -> int:
         policy: ParityPolicy = "always" if parity == "on" and dllm else "never"
         if twin:  # warm up (lazy imports, caches) so that neither timed run pays for it
             _run(t.implementation, policy, None, min(args.examples, WARM_UP_EXAMPLES), args.seed)
-        its_twin = twin_for_target(twin, t) if twin else None
+        its_twin = twin_for_target(twin, t)[0] if twin else None
         for with_twin in (None, its_twin) if its_twin else (None,):
             row = _run(t.implementation, policy, with_twin, args.examples, args.seed)
             rows.append({"impl": t.name, **row, "parity_check": parity if dllm else "n/a"})

@@ -15,7 +15,7 @@ that ends with work still running is a warning (exit 0), or with `--require-idle
 `--profile` checks the log under an engine's declared policy (the header's `declared_policy`
 must agree with it), and `--twin` then compares the log's decisions with a decision twin's
 (`schedspec_cli.trace_profile`; an AR twin runs with the settings the log declares, a vLLM
-reference twin taking them, any other refused when it declares others); both are resolved,
+reference twin taking them, another with a note naming those it runs otherwise; both are resolved,
 for the log's family, before any event is read. `--json PATH` writes the verdict as JSON (for
 a CI job to read): checked before the log is opened, written for exit 0 and 1, and for an input
 error (exit 2) as `{"exit": 2, "verdict": "error", "error": ...}`, so a file an earlier run
@@ -86,8 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME|module:attribute",
         help="then replay the log's operations through this decision twin (as verify --twin) "
         "and fail (rule twin_decisions) where it decides otherwise; an AR twin runs with the "
-        "settings the log declares (vLLM's reference twins take them; another twin declaring "
-        "others is refused); holds the log in memory",
+        "settings the log declares (vLLM's reference twins take them; another twin runs its "
+        "own, with a note); holds the log in memory",
     )
     p.add_argument(
         "--twin-as-declared",
@@ -580,11 +580,13 @@ def _check_ar(
         policy = ar_policy_for(extras.named, ran)
     if extras.twin is not None:
         twin_runs(extras.twin, ran, extras.named)
+    note = ""
     if isinstance(extras.twin, ArTwin) and not args.twin_as_declared:  # before any event
         settings = extras.declared if extras.declared is not None else policy
         window = window_applies(ran)
-        settled = with_settings(extras.twin, settings, window, "the log", ran)
-        args.verdict["twin"] = settled.name
+        settled, note = with_settings(extras.twin, settings, window, "the log", ran)
+        args.verdict["twin_settings"] = dict(settled.took)
+        args.verdict["twin_note"] = note or None
         extras = dataclasses.replace(extras, twin=settled)
     kept: list[Any] | None = [] if extras.twin is not None else None
     # refuses a profile that contradicts the header
@@ -609,7 +611,9 @@ def _check_ar(
         difference = ar_log_difference(
             twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
         )
-    return _twin_verdict(args, twin.name, difference, f"{res.steps} steps") or code
+    if note:
+        print(f"note: {args.file}: {note}")
+    return _twin_verdict(args, twin.described(), difference, f"{res.steps} steps") or code
 
 
 @contextlib.contextmanager

@@ -3,14 +3,18 @@
 A watermark, the adaptive long-prefill threshold, a prefill cadence, the whole-sequence
 reservation and vLLM 0.34.0's cache-aware window and threshold are settings an operator picks
 (`AR_SETTINGS`), declared in an `ArPolicy`: a log's header (`check-trace --twin`) or an
-implementation's profile (`verify --twin`). A twin run with other settings decides otherwise by
-construction, which says nothing of the scheduler, so `with_settings`:
+implementation's profile (`verify --twin`). A setting counts as declared where it differs
+from the idealised spec's (`ArPolicy()`): a header writes only those, so one left at the
+default says nothing (a header of `{"lone_request_threshold_exempt": true}` does not say its
+engine reserves no whole sequence). `with_settings`:
 
-- keeps the twin when its settings in effect are those compared with;
+- keeps the twin when it runs every declared setting;
 - rebuilds a vLLM reference twin (`vllm-v1`, `vllm-v1-prefix`, a `reference.ar.vllm_settings`
-  variant, or the bare factory of one) with them
-  (`reference.ar.vllm_settings.with_vllm_settings`), named with them;
-- refuses any other twin (`ConfigError`, exit 2), naming each setting with both values.
+  variant, or the bare factory of one) with the declared settings it runs otherwise
+  (`reference.ar.vllm_settings.with_vllm_settings`), its other settings and options kept,
+  recording what it took (`ArTwin.took`);
+- otherwise (another twin, or a setting vLLM does not have) keeps the twin, and says which
+  declared settings it runs otherwise: a difference it finds may come from them.
 
 Settings no decision reads are not compared: the cache-aware window where vLLM applies none
 (other than FCFS with prefix caching), its threshold without a window, and, for a log, a
@@ -27,7 +31,6 @@ from properties.verify import ArTwin
 from schedspec_cli.impls import checked_factory
 from spec.ar.config import ArConfig, Policy
 from spec.ar.profile import ArConfigSpace, ArPolicy
-from spec.errors import ConfigError
 
 #: The `ArPolicy` fields that are an engine's settings (options an operator sets) rather than
 #: its fixed rules.
@@ -41,6 +44,7 @@ AR_SETTINGS = (
     "cache_aware_window",
     "cache_aware_threshold",
 )
+_WATERMARK_KIND = ("watermark_of_pool", "watermark_beside_running")
 
 
 def window_applies(config: ArConfig) -> bool:
@@ -77,65 +81,86 @@ def settings_in_effect(
     return in_effect
 
 
+def declared_settings(policy: ArPolicy) -> ArPolicy:
+    """The idealised policy with the settings `policy` declares (those off its default) and
+    nothing else: what a header says of them."""
+    idle = ArPolicy()
+    return dataclasses.replace(
+        idle,
+        **{n: getattr(policy, n) for n in AR_SETTINGS if getattr(policy, n) != getattr(idle, n)},
+    )
+
+
 def with_settings(
     twin: ArTwin,
     settings: ArPolicy | None,
     window: bool,
     whose: str,
     config: ArConfig | None = None,
-) -> ArTwin:
+) -> tuple[ArTwin, str]:
     """The twin to compare with what declares `settings` (None: declares none, and `twin` runs
-    as it is), `whose` naming it ("the log", an implementation's name); `window`: whether a
+    as it is), and a note ("" when none) naming the declared settings it runs otherwise;
+    `whose` names what declares them ("the log", an implementation); `window`: whether a
     cache-aware window applies there; `config`: the log's configuration, where there is one.
     See the module docstring."""
-    from reference.ar.vllm_settings import has_vllms_watermark, vllm_settings_of, with_vllm_settings
+    from reference.ar.vllm_settings import vllm_settings_of, with_vllm_settings
 
     factory = checked_factory(twin.factory)
     own = twin.policy if twin.policy is not None else vllm_settings_of(factory)
     if settings is None or own is None:
-        return twin
+        return twin, ""
+    declared = declared_settings(settings)
+    # the twin's own settings, with those declared put in: what it should run
+    wanted = dataclasses.replace(
+        own, **{n: getattr(declared, n) for n in AR_SETTINGS if _is_declared(declared, n)}
+    )
     ours = settings_in_effect(own, window, config)
-    theirs = settings_in_effect(settings, window, config)
+    theirs = settings_in_effect(wanted, window, config)
     differing = [n for n in {**theirs, **ours} if ours.get(n) != theirs.get(n)]
-    if not differing:
-        return twin
     # a watermark's kind where only one side keeps a watermark is said by the watermark
-    kind = ("watermark_of_pool", "watermark_beside_running")
-    shown = [n for n in differing if n not in kind or (n in ours and n in theirs)] or differing
-    rebuilt = with_vllm_settings(factory, settings)
+    shown = [n for n in differing if n not in _WATERMARK_KIND or (n in ours and n in theirs)]
+    if not differing:
+        return twin, ""
+    rebuilt = with_vllm_settings(factory, wanted)
     if rebuilt is None:
         said = "; ".join(
-            f"{n}: {whose} {theirs.get(n, '-')!r}, the twin {ours.get(n, '-')!r}" for n in shown
+            f"{n}: {whose} {theirs.get(n, '-')!r}, the twin {ours.get(n, '-')!r}"
+            for n in shown or differing
         )
-        vllms = (
-            "; vLLM's reference twins (vllm-v1, vllm-v1-prefix) take them"
-            if has_vllms_watermark(settings)
-            else ""
+        return twin, (
+            f"{twin.name} runs its own settings, not those {whose} declares ({said}): a "
+            "difference it finds may come from them"
         )
-        raise ConfigError(
-            "--twin",
-            twin.name,
-            f"a twin run with the settings {whose} declares ({said}){vllms}, or "
-            "--twin-as-declared to run the twin as it is",
-        )
-    taken = ", ".join(_as_declared(n, settings, theirs) for n in shown if n in theirs)
+    took = tuple(_as_declared(n, wanted, theirs) for n in shown or differing if n in theirs)
     policy = None  # a bare factory runs under the policy of what it is compared with
     if twin.policy is not None:
-        policy = dataclasses.replace(twin.policy, **{n: getattr(settings, n) for n in AR_SETTINGS})
-    owner = "the log's" if whose == "the log" else f"{whose}'s"
-    return ArTwin(f"{twin.name} with {owner} {taken}", rebuilt, policy, twin.space)
+        policy = dataclasses.replace(twin.policy, **{n: getattr(wanted, n) for n in AR_SETTINGS})
+    return ArTwin(twin.name, rebuilt, policy, twin.space, took), ""
 
 
-def _as_declared(name: str, settings: ArPolicy, in_effect: dict[str, object]) -> str:
-    """`name=value` as `settings` declares it (a log's watermark: its fraction, with the blocks
-    it keeps free)."""
+def _is_declared(declared: ArPolicy, name: str) -> bool:
+    """Whether `declared` (`declared_settings`) sets `name` off the default: a watermark's kind
+    counts with its watermark, a threshold with its window."""
+    idle = ArPolicy()
+    if name in _WATERMARK_KIND:
+        return bool(declared.watermark_fraction)
+    if name == "cache_aware_threshold":
+        return bool(declared.cache_aware_window) or declared.cache_aware_threshold != (
+            idle.cache_aware_threshold
+        )
+    return bool(getattr(declared, name) != getattr(idle, name))
+
+
+def _as_declared(name: str, settings: ArPolicy, in_effect: dict[str, object]) -> tuple[str, object]:
+    """`(name, value)` as `settings` declares it (a log's watermark: its fraction)."""
     if name == "watermark_blocks":
-        return f"watermark_fraction={settings.watermark_fraction!r} ({in_effect[name]} blocks)"
-    return f"{name}={in_effect[name]!r}"
+        return "watermark_fraction", settings.watermark_fraction
+    return name, in_effect[name]
 
 
 __all__ = [
     "AR_SETTINGS",
+    "declared_settings",
     "settings_in_effect",
     "window_applies",
     "window_applies_in",

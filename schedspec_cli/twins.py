@@ -53,17 +53,13 @@ def twin_names(family: Family) -> list[str]:
 
 
 def twin_for_targets(
-    name: str,
-    targets: Sequence[Resolved],
-    modes: frozenset[Mode] | None = None,
-    settings: bool = True,
+    name: str, targets: Sequence[Resolved], modes: frozenset[Mode] | None = None
 ) -> Twin:
     """`--twin` for a run of `targets`: they must be of one family; a real engine named as
     the twin must be installed; a dLLM twin that declares a space must run every configuration
     drawn for each target (in `modes`, `--mode`'s, when given), as `check-trace` asks of a
-    log's, or every example outside it would fail as a finding that is none; with `settings`
-    (not `--twin-as-declared`), an AR twin must take each target's settings
-    (`twin_for_target`)."""
+    log's, or every example outside it would fail as a finding that is none (each target's
+    settings: `twin_for_target`)."""
     families = {t.family for t in targets}
     if len(families) > 1:
         names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
@@ -83,23 +79,21 @@ def twin_for_targets(
                 profile.space, prefix_cache=drawn_prefix_cache(profile.space)
             )
             _refuse_uncovered(name, t.name, twin.profile.space.uncovered(drawn, modes))
-    for t in targets if settings else ():  # refused for a target's settings: before any run
-        twin_for_target(twin, t)
     return twin
 
 
-def twin_for_target(twin: Twin, target: Resolved) -> Twin:
-    """The twin to run beside `target`: an AR twin with the settings `target`'s profile
-    declares (`schedspec_cli.twin_settings.with_settings`: a vLLM reference twin takes them,
-    another declaring others is refused); a bare factory declares none, and a dLLM twin runs
-    as it is."""
+def twin_for_target(twin: Twin, target: Resolved) -> tuple[Twin, str]:
+    """The twin to run beside `target`, and a note ("" for none): an AR twin with the settings
+    `target`'s profile declares (`schedspec_cli.twin_settings.with_settings`: a vLLM reference
+    twin takes them; the note names those another twin runs otherwise); a bare factory
+    declares none, and a dLLM twin runs as it is."""
     profile = target.implementation.profile
     if not isinstance(twin, ArTwin) or not isinstance(profile, ArProfile):
-        return twin
+        return twin, ""
     if target.builtin is None and not isinstance(
         load_object(target.target, "impl"), ArImplementation
     ):
-        return twin  # a bare factory: checked under no declared policy
+        return twin, ""  # a bare factory: checked under no declared policy
     return with_settings(twin, profile.policy, window_applies_in(profile.space), target.name)
 
 

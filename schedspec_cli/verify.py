@@ -19,7 +19,7 @@ from typing import Any, cast
 from properties.campaign import parse_accept_file
 from properties.deadline import CallDeadlineExceeded, TwinHung, call_timeout_set
 from properties.raised import describe_raised
-from properties.verify import DllmTwin, Failure, Twin, VerifyResult, verify_implementation
+from properties.verify import ArTwin, DllmTwin, Failure, Twin, VerifyResult, verify_implementation
 from schedspec_cli import meta
 from schedspec_cli.args import (
     MAX_EXAMPLES,
@@ -108,7 +108,7 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         "DecisionTwin; AR: any AR built-in (vllm-v1 for real-vllm) or module:attribute naming "
         "an ArImplementation (checked under its profile) or a bare factory (under the "
         "implementation's), run with the settings the implementation declares (vLLM's "
-        "reference twins take them; another twin declaring others is refused)",
+        "reference twins take them; another twin runs its own, with a note)",
     )
     v.add_argument(
         "--twin-as-declared",
@@ -309,7 +309,14 @@ def plan(args: argparse.Namespace) -> Plan:
         )
     if args.twin is not None:
         modes = frozenset(Mode.parse(m) for m in args.mode) if args.mode else None
-        twin = twin_for_targets(args.twin, targets, modes, not args.twin_as_declared)
+        twin = twin_for_targets(args.twin, targets, modes)
+        dllm = [t.name for t in targets if t.family is Family.DLLM]
+        if args.twin_as_declared and dllm:
+            raise ConfigError(
+                "--twin-as-declared",
+                True,
+                f"only with AR implementations (a dLLM twin takes no settings; {dllm[0]} is dLLM)",
+            )
     refuse_parity_for_ar_only(args.parity, targets)
     ignored = ignored_scheduler_cls(targets)
     if ignored is not None:
@@ -337,6 +344,7 @@ def run(args: argparse.Namespace) -> int:
         modes = tuple(Mode.parse(m) for m in args.mode)
     source = args.accept or ""
     results: list[VerifyResult] = []
+    twin_notes: list[str] = []  # per result: the settings its twin took, or ran otherwise
     findings: list[list[FixTrial | None]] = []  # per result, per failure
     engines: list[dict[str, Any] | None] = []
     for t in p.targets:
@@ -344,9 +352,10 @@ def run(args: argparse.Namespace) -> int:
         # batch parity by default for every dLLM implementation, built-in or module:attribute
         parity: ParityPolicy = "never" if t.family is Family.AR else parity_policy
         bar = Progress(f"verify {t.name}")
-        twin = p.twin
+        twin, note = p.twin, ""
         if twin is not None and not args.twin_as_declared:
-            twin = twin_for_target(twin, t)
+            twin, note = twin_for_target(twin, t)
+        twin_notes.append(_twin_line(t.name, twin, note))
         # an engine's own prints (SGLang's radix tree when out of memory) stay off the table
         with implementation_stdout_to_stderr(), _twin_returns(args.twin):
             res = verify_implementation(
@@ -374,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
     for r, release in zip(results, engines, strict=True):
         if release is not None:  # the release checked, as the JSON's `engine` records it
             print(engine_line(r.impl, release))
+    for line in filter(None, twin_notes):
+        print(line)
     for r, trials, release in zip(results, findings, engines, strict=True):
         for f, trial in zip(r.failures, trials, strict=True):
             print(f"\n=== {r.impl}: violation of [{f.rule}]\n{f.message}\n--- program ---")
@@ -506,6 +517,16 @@ def twin_policy_gap(twin: Twin | None, target: Resolved) -> str:
 
 def _value(value: object) -> str:
     return str(getattr(value, "value", value))
+
+
+def _twin_line(impl: str, twin: Twin | None, note: str) -> str:
+    """What the run says of `impl`'s twin below the table: the settings it took from `impl`,
+    or the note that it runs others; "" when neither."""
+    if note:
+        return f"{impl}: note: {note}"
+    if isinstance(twin, ArTwin) and twin.took:
+        return f"{impl}: its twin {twin.described()}, the settings {impl} declares"
+    return ""
 
 
 def known_fix_trials(

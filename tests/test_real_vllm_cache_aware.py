@@ -243,7 +243,7 @@ def test_a_live_log_at_threshold_0_decides_as_its_twin(tmp_path: Path) -> None:
         path = tmp_path / "log.jsonl"
         path.write_text("".join(f"{line}\n" for line in lines))
         code, said = check(str(path), "--twin", twin)
-        assert code == 0 and f"{twin} with the log's cache_aware_threshold=0.0 decides" in said
+        assert code == 0 and f"{twin} (with cache_aware_threshold=0.0) decides" in said
         kept: list[ArEvent] = []
         log = check_ar_trace(lines, keep=kept)
         assert log.config is not None

@@ -1,9 +1,9 @@
 """An AR twin runs with the scheduler settings of what it is compared with
 (`schedspec_cli.twin_settings`): `check-trace --twin` on a log that declares them, `verify
---twin` beside an implementation whose profile does. A vLLM reference twin takes them (a
-cache-aware threshold of 0, a watermark, no whole-sequence reservation); any other twin that
-declares different ones is refused in one line (exit 2), since it decides otherwise by
-construction; settings that bear on no decision are not compared."""
+--twin` beside an implementation whose profile does. A vLLM reference twin takes each
+declared setting (a cache-aware threshold of 0, a window, a watermark); a setting left at the
+idealised default declares nothing; any other twin runs as it is, with a note naming the
+declared settings it runs otherwise; settings that bear on no decision are not compared."""
 
 from __future__ import annotations
 
@@ -24,13 +24,20 @@ from reference.ar.vllm_settings import (
     VLLM_V1_CACHE_AWARE,
     VLLM_V1_CADENCE_FIXED,
     VLLM_V1_WATERMARK,
+    vllm_settings_of,
     with_vllm_settings,
 )
 from reference.ar.vllm_v1 import VLLM_033, VllmOptions
+from reference.dllm import REFERENCE_DLLM
 from schedspec_cli.impls import resolve
 from schedspec_cli.main import main
 from schedspec_cli.trace_profile import ar_log_difference
-from schedspec_cli.twin_settings import settings_in_effect, window_applies, with_settings
+from schedspec_cli.twin_settings import (
+    settings_in_effect,
+    window_applies,
+    window_applies_in,
+    with_settings,
+)
 from schedspec_cli.twins import installed_twin, twin_for_target
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, Policy
@@ -38,6 +45,7 @@ from spec.ar.events import ArEvent
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import write_ar_trace
 from spec.implementation import ArImplementation, Family
+from tests.test_check_trace_profile import _write_dllm, record_dllm_run
 
 # 24 usable blocks of 4 tokens, two seats: prompts sharing 4 to 12 leading tokens keep the pool
 # between empty and half used, where thresholds 0 and 0.5 decide apart
@@ -58,6 +66,11 @@ def threshold_0(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
     """The reference with vLLM 0.34.0's window of 3 at threshold 0 (the log's scheduler)."""
     options = dataclasses.replace(VLLM_033, cache_aware_window=3, cache_aware_threshold=0.0)
     return PrefixCachingVllmV1(config, sink, options)
+
+
+def twin_033(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """vllm-v1 (vLLM 0.33.0's options, whole sequences reserved), the log's scheduler."""
+    return PrefixCachingVllmV1(config, sink, VLLM_033)
 
 
 #: A twin of the user's own: the window at vLLM's default threshold, declared (not a vLLM
@@ -139,47 +152,60 @@ def test_the_cache_aware_twin_takes_the_threshold_the_log_declares(tmp_path: Pat
             log_of(tmp_path / f"{seed}.jsonl", events, THRESHOLD_0), "--twin", CACHE_AWARE
         )
         assert code == 0, said
-        assert f"its twin {CACHE_AWARE} with the log's cache_aware_threshold=0.0 decides" in said
+        assert f"its twin {CACHE_AWARE} (with cache_aware_threshold=0.0) decides" in said
     assert apart >= 6, apart
 
 
 def test_a_plain_vllm_twin_takes_the_window_too(tmp_path: Path) -> None:
     """vllm-v1-prefix declares no window: it takes the log's window and threshold, and
-    `--json` names the twin it ran."""
+    `--json` names the twin and the settings it took."""
     log = log_of(tmp_path / "log.jsonl", events_of(1), THRESHOLD_0)
     verdict = tmp_path / "verdict.json"
     code, said = check(log, "--twin", "vllm-v1-prefix", "--json", str(verdict))
-    taken = "vllm-v1-prefix with the log's cache_aware_window=3, cache_aware_threshold=0.0"
+    taken = "vllm-v1-prefix (with cache_aware_window=3, cache_aware_threshold=0.0)"
     assert code == 0 and f"its twin {taken} decides alike" in said, said
-    assert json.loads(verdict.read_text())["twin"] == taken
+    written = json.loads(verdict.read_text())
+    assert written["twin"] == "vllm-v1-prefix" and written["twin_note"] is None
+    assert written["twin_settings"] == {"cache_aware_window": 3, "cache_aware_threshold": 0.0}
 
 
-def test_a_twin_of_the_users_own_with_other_settings_is_refused(tmp_path: Path) -> None:
-    """A twin that declares threshold 0.5 (nothing rebuilds it) is an input error naming the
-    setting, the log's value and the twin's, before any event is read."""
+def test_a_twin_of_the_users_own_with_other_settings_runs_with_a_note(tmp_path: Path) -> None:
+    """A twin that declares threshold 0.5 (nothing rebuilds it) runs as it is: a note names
+    the setting, the log's value and the twin's, and the difference it finds follows."""
     log = log_of(tmp_path / "log.jsonl", events_of(1), THRESHOLD_0)
-    code, said = check(log, "--twin", f"{__name__}:HALF")
-    assert code == 2, said
-    assert said.count("\n") == 1 and "Traceback" not in said, said
-    assert "cache_aware_threshold: the log 0.0, the twin 0.5" in said, said
+    verdict = tmp_path / "verdict.json"
+    code, said = check(log, "--twin", f"{__name__}:HALF", "--json", str(verdict))
+    assert code == 1 and "[twin_decisions] against" in said, said
+    note = "runs its own settings, not those the log declares (cache_aware_threshold: the log "
+    assert f"note: {log}: {__name__}:HALF {note}0.0, the twin 0.5)" in said, said
+    assert "cache_aware_threshold" in json.loads(verdict.read_text())["twin_note"]
 
 
-def test_a_watermark_vllm_does_not_have_is_refused_where_it_keeps_blocks(tmp_path: Path) -> None:
+def test_a_watermark_vllm_does_not_have_keeps_the_twin_as_it_is(tmp_path: Path) -> None:
     """A Vidur-style watermark (of the usable blocks, whatever runs) is no vLLM setting: where
-    it keeps blocks free, vllm-v1 cannot take it and says which settings differ (by the blocks,
-    not the watermark's kind). Vidur's own 0.01 keeps none of 24 blocks: not compared."""
+    it keeps blocks free, vllm-v1 runs as it is and the note says so (by the blocks, not the
+    watermark's kind). Vidur's own 0.01 keeps none of 24 blocks: no note."""
     flat = CFG.replace(enable_prefix_caching=False)
     vidur_like = ArPolicy(watermark_fraction=0.25, full_sequence_admission=True)
     events = events_of(2, config=flat, policy=vidur_like)
     code, said = check(
         log_of(tmp_path / "log.jsonl", events, vidur_like, flat), "--twin", "vllm-v1"
     )
-    assert code == 2 and said.count("\n") == 1, said
-    assert "(watermark_blocks: the log 6, the twin 0), or --twin-as-declared" in said, said
+    assert code in (0, 1) and "(watermark_blocks: the log 6, the twin 0)" in said, said
     vidurs = ArPolicy(watermark_fraction=0.01, full_sequence_admission=True)
     events = events_of(2, config=flat, policy=vidurs)
     code, said = check(log_of(tmp_path / "0.jsonl", events, vidurs, flat), "--twin", "vllm-v1")
-    assert code in (0, 1) and "invalid" not in said and "vllm-v1 with" not in said, said
+    assert code in (0, 1) and "note:" not in said and "vllm-v1 (with" not in said, said
+
+
+def test_a_setting_left_at_its_default_declares_nothing(tmp_path: Path) -> None:
+    """A header that declares only the lone-request exemption says nothing of the
+    whole-sequence reservation: vllm-v1 keeps its own, with no note."""
+    flat = CFG.replace(enable_prefix_caching=False)
+    partial = ArPolicy(lone_request_threshold_exempt=True)
+    log = log_of(tmp_path / "log.jsonl", events_of(4, twin_033, partial, flat), partial, flat)
+    code, said = check(log, "--twin", "vllm-v1")
+    assert code == 0 and "its twin vllm-v1 decides alike" in said and "note" not in said, said
 
 
 def test_the_profile_gives_the_settings_of_a_log_that_declares_none(tmp_path: Path) -> None:
@@ -192,7 +218,7 @@ def test_the_profile_gives_the_settings_of_a_log_that_declares_none(tmp_path: Pa
     log = log_of(tmp_path / "log.jsonl", events, None, small)
     code, said = check(log, "--profile", "vllm-v1-watermark", "--twin", "vllm-v1-prefix")
     assert code == 0, said
-    assert "vllm-v1-prefix with the log's watermark_fraction=0.25 (2 blocks) decides" in said
+    assert "vllm-v1-prefix (with watermark_fraction=0.25) decides" in said, said
     code, said = check(log, "--twin", "vllm-v1-prefix")
     assert code == 1 and "[twin_decisions] against vllm-v1-prefix: step " in said, said
 
@@ -226,36 +252,58 @@ def run(*argv: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def test_verify_runs_a_vllm_twin_with_the_implementations_settings() -> None:
-    """`verify --impl vllm-v1-adaptive --twin vllm-v1-watermark`: the twin drops its watermark
-    and takes the adaptive threshold, and the two decide alike (before, the twin's own
-    watermark failed twin_decisions within 40 examples); the table names what it took."""
-    code, said = run(
-        "verify", "--impl", "vllm-v1-adaptive", "--twin", "vllm-v1-watermark", "--examples", "40"
-    )
+def test_verify_runs_a_vllm_twin_with_the_implementations_settings(tmp_path: Path) -> None:
+    """`verify --impl vllm-v1-watermark --twin vllm-v1-no-reserve`: the twin takes the
+    watermark and the whole-sequence reservation, and the two decide alike (the twin as it
+    declares itself fails twin_decisions, `--twin-as-declared`); the line below the table and
+    the JSON name what it took."""
+    argv = ("verify", "--impl", "vllm-v1-watermark", "--twin", "vllm-v1-no-reserve")
+    written = tmp_path / "verify.json"
+    code, said = run(*argv, "--examples", "40", "--json", str(written))
     assert code == 0, said
-    taken = "watermark_fraction=0.0, adaptive_long_prefill_threshold=True"
-    assert f"vllm-v1-watermark with vllm-v1-adaptive's {taken}" in said, said
+    took = "watermark_fraction=0.25, full_sequence_admission=True"
+    assert f"vllm-v1-watermark: its twin vllm-v1-no-reserve (with {took})" in said, said
+    result = json.loads(written.read_text())  # one implementation: its result
+    assert result["twin"] == "vllm-v1-no-reserve"
+    assert result["twin_settings"] == {"watermark_fraction": 0.25, "full_sequence_admission": True}
+    code, said = run(*argv, "--twin-as-declared", "--examples", "40")
+    assert code == 1 and "twin_decisions" in said, said
 
 
-def test_verify_refuses_a_twin_of_other_settings_it_cannot_take() -> None:
-    """Vidur's released vLLM scheduler keeps a watermark of 0.01; the fixed twin declares none,
-    and no Vidur twin is rebuilt: exit 2 before any example, one line naming the setting."""
+def test_verify_notes_a_twin_that_cannot_take_the_settings() -> None:
+    """Vidur's released vLLM scheduler keeps a watermark of 0.01; the fixed twin declares none
+    and no Vidur twin is rebuilt: the run goes on, and a line below the table says so."""
     code, said = run(
         "verify", "--impl", "vidur-vllm-released", "--twin", "vidur-vllm", "--examples", "5"
     )
-    assert code == 2 and said.count("\n") == 1, said
-    assert "watermark_fraction: vidur-vllm-released 0.01, the twin 0.0" in said, said
+    note = (
+        "vidur-vllm-released: note: vidur-vllm runs its own settings, not those "
+        "vidur-vllm-released declares (watermark_fraction: vidur-vllm-released 0.01, the twin "
+        "0.0)"
+    )
+    assert code in (0, 1) and note in said, said
+
+
+def test_twin_as_declared_is_refused_where_it_says_nothing() -> None:
+    """`--twin-as-declared` without `--twin`, or with a dLLM implementation: exit 2, one
+    line."""
+    for argv in (
+        ("verify", "--impl", "vllm-v1", "--twin-as-declared"),
+        ("verify", "--impl", "reference-dllm", "--twin", "reference-dllm", "--twin-as-declared"),
+    ):
+        code, said = run(*argv, "--examples", "2")
+        assert code == 2 and "--twin-as-declared" in said and said.count("\n") == 1, said
 
 
 def test_a_bare_factory_declares_no_settings() -> None:
     """A bare factory is checked under no declared policy: the twin runs as it is, while the
-    implementation that declares the same scheduler's settings gets a rebuilt twin."""
-    twin = installed_twin("vllm-v1", Family.AR)  # reserves whole sequences, as declared
+    implementation that declares a watermark gets a twin rebuilt with it."""
+    twin = installed_twin("vllm-v1", Family.AR)
     bare = resolve("reference.ar.vllm_v1:make_vllm_v1_033", Family.AR)
-    assert twin_for_target(twin, bare) is twin
-    declared = twin_for_target(twin, resolve("vllm-v1-no-reserve", Family.AR))
-    assert declared.name == "vllm-v1 with vllm-v1-no-reserve's full_sequence_admission=False"
+    assert twin_for_target(twin, bare) == (twin, "")
+    declared, note = twin_for_target(twin, resolve("vllm-v1-watermark", Family.AR))
+    assert isinstance(declared, ArTwin) and note == ""
+    assert dict(declared.took) == {"watermark_fraction": 0.25}
 
 
 def test_the_bare_factory_of_a_variant_takes_the_threshold_too(tmp_path: Path) -> None:
@@ -264,15 +312,16 @@ def test_the_bare_factory_of_a_variant_takes_the_threshold_too(tmp_path: Path) -
     log = log_of(tmp_path / "log.jsonl", events_of(0), THRESHOLD_0)
     bare = "reference.ar.vllm_settings:make_vllm_v1_cache_aware"
     code, said = check(log, "--twin", bare)
-    assert code == 0 and f"{bare} with the log's cache_aware_threshold=0.0 decides" in said, said
+    assert code == 0 and f"{bare} (with cache_aware_threshold=0.0) decides" in said, said
 
 
 def test_a_users_wrapper_of_a_reference_factory_is_not_rebuilt(tmp_path: Path) -> None:
-    """A twin of the user's own that wraps the reference's factory is another scheduler: it is
-    refused for the log's window, not silently replaced by the stock reference."""
+    """A twin of the user's own that wraps the reference's factory is another scheduler: it
+    runs as it is, with a note for the log's window, not silently replaced by the stock
+    reference."""
     log = log_of(tmp_path / "log.jsonl", events_of(0), THRESHOLD_0)
     code, said = check(log, "--twin", f"{__name__}:WRAPPED")
-    assert code == 2 and "cache_aware_window: the log 3, the twin 0" in said, said
+    assert code in (0, 1) and "(cache_aware_window: the log 3, the twin 0" in said, said
 
 
 def test_a_header_declaring_null_declares_no_settings(tmp_path: Path) -> None:
@@ -297,16 +346,12 @@ def test_a_refusal_for_the_space_names_the_twin_as_given(tmp_path: Path) -> None
 
 def test_twin_as_declared_runs_the_twin_with_its_own_settings(tmp_path: Path) -> None:
     """`--twin-as-declared`: the cache-aware twin keeps its threshold of 0.5 and decides
-    otherwise on a threshold-0 log (exit 1); without --twin the flag is an input error; verify
-    takes it too."""
+    otherwise on a threshold-0 log (exit 1); without --twin the flag is an input error."""
     log = log_of(tmp_path / "log.jsonl", events_of(0), THRESHOLD_0)
     code, said = check(log, "--twin", CACHE_AWARE, "--twin-as-declared")
     assert code == 1 and f"[twin_decisions] against {CACHE_AWARE}: step " in said, said
     code, said = check(log, "--twin-as-declared")
     assert code == 2 and "--twin-as-declared" in said and said.count("\n") == 1, said
-    argv = ("verify", "--impl", "vllm-v1-adaptive", "--twin", "vllm-v1-watermark")
-    code, said = run(*argv, "--twin-as-declared", "--examples", "40")
-    assert code == 1 and "twin_decisions" in said, said
 
 
 def test_a_rebuilt_twin_takes_every_setting_and_keeps_its_other_options() -> None:
@@ -364,5 +409,68 @@ def test_a_rebuilt_twin_keeps_the_space_it_declares() -> None:
     """The rebuilt twin runs the configurations the named twin declares: its space is kept."""
     twin = installed_twin(CACHE_AWARE, Family.AR)
     assert isinstance(twin, ArTwin)
-    rebuilt = with_settings(twin, THRESHOLD_0, True, "the log", CFG)
+    rebuilt, note = with_settings(twin, THRESHOLD_0, True, "the log", CFG)
     assert rebuilt is not twin and rebuilt.space == twin.space and rebuilt.space is not None
+    assert note == "" and rebuilt.took == (("cache_aware_threshold", 0.0),)
+
+
+def test_window_and_settings_of_the_references() -> None:
+    """Where a space holds a configuration with a window (FCFS with prefix caching), and the
+    settings a bare reference factory runs (vLLM's watermark: of the pool, beside a running
+    request)."""
+    assert window_applies_in(VLLM_V1_CACHE_AWARE.profile.space)
+    assert not window_applies_in(
+        VLLM_V1_PREFIX.profile.space.__class__(prefix_caching=frozenset({False}))
+    )
+    assert not window_applies_in(
+        VLLM_V1_PREFIX.profile.space.__class__(policies=frozenset({Policy.PRIORITY}))
+    )
+    watermark = vllm_settings_of(VLLM_V1_WATERMARK.factory)
+    assert watermark is not None
+    assert (watermark.watermark_fraction, watermark.watermark_of_pool) == (0.25, True)
+    assert watermark.watermark_beside_running and watermark.full_sequence_admission
+    assert vllm_settings_of(WRAPPED.factory) is None
+
+
+def test_bench_runs_the_twin_with_the_implementations_settings() -> None:
+    """`bench conformance --twin` takes the settings as verify does: the watermark pair
+    passes there too."""
+    code, said = run(
+        "bench",
+        "conformance",
+        "--impl",
+        "vllm-v1-watermark",
+        "--twin",
+        "vllm-v1-no-reserve",
+        "--examples",
+        "20",
+    )
+    assert code == 0, said
+    rows = [line for line in said.splitlines() if line.startswith("vllm-v1-watermark")]
+    assert len(rows) == 2 and all(" True " in row for row in rows), said
+
+
+def test_a_twin_keeps_the_settings_the_log_leaves_undeclared(tmp_path: Path) -> None:
+    """A log that declares a window and no watermark, against vllm-v1-watermark: the twin
+    takes the window and keeps its own watermark (of vLLM's kind), with no note."""
+    log = log_of(tmp_path / "log.jsonl", events_of(1), THRESHOLD_0)
+    code, said = check(log, "--twin", "vllm-v1-watermark")
+    took = "(with cache_aware_window=3, cache_aware_threshold=0.0)"
+    assert f"its twin vllm-v1-watermark {took}" in said and "note:" not in said, said
+    assert code in (0, 1), said
+
+
+def test_a_declared_window_declares_its_threshold_too() -> None:
+    """A window declared at the default threshold (0.5, left out of a header) declares that
+    threshold: a twin at threshold 0 takes 0.5."""
+    as_declared = VLLM_V1_CACHE_AWARE.profile
+    at_0 = ArTwin("at-0", VLLM_V1_CACHE_AWARE.factory, THRESHOLD_0, as_declared.space)
+    rebuilt, note = with_settings(at_0, as_declared.policy, True, "the log", CFG)
+    assert note == "" and rebuilt.took == (("cache_aware_threshold", 0.5),)
+
+
+def test_twin_as_declared_is_refused_for_a_dllm_log(tmp_path: Path) -> None:
+    """A dLLM twin takes no settings: the flag on a dLLM log is exit 2, one line."""
+    log = _write_dllm(tmp_path / "dllm.jsonl", record_dllm_run(REFERENCE_DLLM))
+    code, said = check(log, "--twin", "reference-dllm", "--twin-as-declared")
+    assert code == 2 and "only for an AR log" in said and said.count("\n") == 1, said
