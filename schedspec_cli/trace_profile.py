@@ -207,7 +207,14 @@ def twin_runs(
             own.space.check(config)
             twin.replay((), config)(config, lambda e: None)
         elif isinstance(twin, ArTwin) and isinstance(config, ArConfig):
-            twin.factory(config, lambda e: None)
+            adapter = twin.factory(config, lambda e: None)
+            if config.max_loras and not getattr(adapter, "serves_loras", False):
+                raise CannotDrive(
+                    f"the log's requests run LoRA adapters (max_loras={config.max_loras}), "
+                    f"and {twin.name} does not say it schedules them (an adapter's "
+                    "`serves_loras`; vllm-v1 does): check the log without --twin, or with "
+                    "--twin vllm-v1"
+                )
     except ConfigError as err:
         raise ConfigError(
             "--twin", twin.name, f"a twin that runs the log's configuration ({err})"

@@ -135,6 +135,18 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
         [ArSubmitted("a", 4, 2), ArAwaiting("a", "grammar"), ArBlocksAllocated("a", (1,))],
         CFG,
     ),
+    "lora_slots": (
+        # a (adapter 1) and b (adapter 2) admitted in one step with one adapter slot
+        [
+            ArSubmitted("a", 4, 2, lora=1),
+            ArSubmitted("b", 4, 2, lora=2),
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 4),
+            ArBlocksAllocated("b", (2,)),
+            ArScheduled("b", 4),
+        ],
+        CFG.replace(max_loras=1),
+    ),
     "cache_hit_longest": (
         # a's prompt block (1) stays cached; b, whose prompt starts with it, takes no hit
         [

@@ -195,7 +195,8 @@ def test_an_ar_header_gives_every_field_too(
     assert (code, out) == (2, "")
     assert err == (
         f"schedspec: error: {log}:1: the header lacks fields ['num_blocks'] (every ArConfig "
-        "field but num_drafting_slots, num_lookahead_tokens, num_speculative_tokens is "
+        "field but max_loras, num_drafting_slots, num_lookahead_tokens, num_speculative_tokens "
+        "is "
         "required, none is filled in with a default): add them to the header, or pass --config "
         "with them\n"
     )

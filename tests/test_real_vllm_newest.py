@@ -97,6 +97,7 @@ RELEASE_INDEPENDENT = (
     "tests/test_real_vllm_cache_aware_loop.py",
     "tests/test_real_vllm_cache_reads.py",
     "tests/test_real_vllm_event_log_grammar.py",
+    "tests/test_real_vllm_event_log_lora.py",
     "tests/test_real_vllm_inflight_loads.py",
     *(
         f"tests/test_real_vllm_kv_connector.py::{name}"

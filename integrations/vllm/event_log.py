@@ -89,6 +89,7 @@ from integrations.instance_hooks import InstanceHooks
 from integrations.log_writer import scheduler_writer
 from integrations.vllm import REAL_VLLM_PROFILE
 from integrations.vllm.adapter import (
+    adapter_of,
     appended_outputs,
     finish_reason_of,
     load_vllm,
@@ -158,11 +159,19 @@ def ar_config_of(scheduler: Any) -> ArConfig:
             num_speculative_tokens=int(getattr(scheduler, "num_spec_tokens", 0) or 0),
             num_lookahead_tokens=int(getattr(scheduler, "num_lookahead_tokens", 0) or 0),
             num_drafting_slots=drafting_slots(scheduler),
+            max_loras=max_loras_of(scheduler),
         )
     except (ConfigError, ValueError) as err:
         raise ConfigError(
             "scheduler", type(scheduler).__name__, f"a configuration the AR spec describes ({err})"
         ) from None
+
+
+def max_loras_of(scheduler: Any) -> int:
+    """The LoRA adapters a vLLM scheduler's running requests may use at once (`max_loras`; 0
+    without LoRA)."""
+    lora_config = getattr(scheduler, "lora_config", None)
+    return int(lora_config.max_loras) if lora_config is not None else 0
 
 
 def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
@@ -208,14 +217,15 @@ def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
 def loggable(scheduler: Any, v: Any) -> None:
     """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
     cannot describe: asynchronous scheduling, more than one batch in flight (pipeline stages),
-    a KV cache other than one full-attention group,
-    LoRA adapters (a waiting request passed over while its adapter finds no room), a KV
-    connector, a multi-module MTP drafter (prefill lookahead past one token), a drafter
-    `_loggable_drafter` refuses, or other than one sampled token per step (`v`: `load_vllm()`'s
-    modules). Speculative decoding by ngram, EAGLE or a draft model is logged, the header
-    declaring the drafts (`num_speculative_tokens`), the lookahead slots EAGLE and a draft
-    model reserve past the step's tokens (`num_lookahead_tokens`) and a draft model's input
-    row per request (`num_drafting_slots`)."""
+    a KV cache other than one full-attention group, LoRA adapters beside a prefill cadence
+    (its capacity escape leaves out the requests the pass skipped for their adapter, which no
+    event names; with prefix caching `ar_config_of` refuses them: vLLM keys cached blocks by
+    adapter), a KV connector, a multi-module MTP drafter (prefill lookahead past one token),
+    a drafter `_loggable_drafter` refuses, or other than one sampled token per step (`v`:
+    `load_vllm()`'s modules). Speculative decoding by ngram, EAGLE or a draft model is
+    logged, the header declaring the drafts (`num_speculative_tokens`), the lookahead slots
+    EAGLE and a draft model reserve past the step's tokens (`num_lookahead_tokens`) and a draft
+    model's input row per request (`num_drafting_slots`)."""
     if bool(scheduler.scheduler_config.async_scheduling):
         raise ConfigError(
             "async_scheduling",
@@ -242,13 +252,15 @@ def loggable(scheduler: Any, v: Any) -> None:
             "running request's blocks, which the AR event log's one block table cannot show",
         )
     if getattr(scheduler, "lora_config", None) is not None:
-        raise ConfigError(
-            "lora_config",
-            "set",
-            "None: with LoRA adapters vLLM passes over a waiting request whose adapter finds no "
-            "room beside the running requests' (max_loras) and admits those behind it, which "
-            "the AR event log does not describe",
-        )
+        interval = int(scheduler.local_prefill_interval)
+        if interval > 1:
+            raise ConfigError(
+                "lora_config",
+                "set",
+                f"None with a prefill cadence (prefill_schedule_interval={interval}): its "
+                "capacity escape leaves out the requests vLLM's pass skipped for their LoRA "
+                "adapter, which the AR event log does not name",
+            )
     if scheduler.connector is not None:
         raise ConfigError(
             "kv_connector",
@@ -466,6 +478,7 @@ class VllmEventLog:
                 prompt=prompt if self._prefix else None,
                 stop_sampled=True,
                 cache_read_limit=cache_read_limit(request) if self._prefix else None,
+                lora=adapter_of(request) or None,
             )
         )
         if waiting_for_grammar(request):
@@ -662,4 +675,4 @@ class VllmEventLog:
         self._write(json.dumps(ar_event_to_dict(event), separators=(",", ":")))
 
 
-__all__ = ["VllmEventLog", "ar_config_of", "declared_policy", "loggable"]
+__all__ = ["VllmEventLog", "ar_config_of", "declared_policy", "loggable", "max_loras_of"]

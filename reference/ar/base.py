@@ -308,6 +308,7 @@ class ArSchedulerBase:
                 s.predicted_len,
                 s.prompt,
                 cache_read_limit=s.cache_read_limit,
+                lora=s.lora,
             )
         )
 

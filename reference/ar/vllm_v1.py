@@ -95,6 +95,7 @@ class VllmV1Scheduler(ArSchedulerBase):
 
     name = "vllm-v1"
     options: VllmOptions = VllmOptions()
+    serves_loras = True  # passes over a request whose LoRA adapter finds no room, as vLLM
 
     def __init__(
         self, config: ArConfig, sink: ArEventSink, options: VllmOptions | None = None
@@ -325,8 +326,16 @@ class VllmV1Scheduler(ArSchedulerBase):
             self.sink(ArReady(req.rid, in_step=True))
 
     def _admissible(self) -> list[ArReq]:
-        """The waiting queue without the requests that await an input, in order."""
-        return [r for r in self.waiting if r.awaiting is None]
+        """The waiting queue without the requests that await an input and those whose LoRA
+        adapter finds no room (vLLM skips them: "Scheduling would exceed max_loras"), in
+        order."""
+        adapters = {r.spec.lora for r in self.running if r.spec.lora is not None}
+        full = len(adapters) >= self.config.max_loras
+        return [
+            r
+            for r in self.waiting
+            if r.awaiting is None and not (r.spec.lora and full and r.spec.lora not in adapters)
+        ]
 
     def _peek_waiting(self) -> ArReq:
         cfg = self.config

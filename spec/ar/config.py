@@ -104,6 +104,12 @@ class ArConfig:
             (vLLM's `max_num_new_slots_for_drafting`: 1 for a draft model, 0 for ngram and
             EAGLE): a step's tokens plus this many per scheduled request stay within
             `max_num_batched_tokens` (`token_budget`).
+    LoRA adapters:
+        max_loras: the most LoRA adapters the running requests use at once (vLLM's
+            `max_loras`; 0: no request names one). A waiting request whose adapter none of
+            them uses while they use this many cannot be admitted; admission passes over it
+            (`lora_slots`). Not with prefix caching: vLLM keys cached blocks by adapter, which
+            the spec's prefix cache does not model.
     """
 
     block_size: int = 4
@@ -124,6 +130,7 @@ class ArConfig:
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
     num_drafting_slots: int = 0
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size, 1, MAX_SMALL)
@@ -145,6 +152,14 @@ class ArConfig:
         _positive("num_speculative_tokens", self.num_speculative_tokens, 0, MAX_SMALL)
         _positive("num_lookahead_tokens", self.num_lookahead_tokens, 0, MAX_SMALL)
         _positive("num_drafting_slots", self.num_drafting_slots, 0, MAX_SMALL)
+        _positive("max_loras", self.max_loras, 0, MAX_SMALL)
+        if self.max_loras and self.enable_prefix_caching:
+            raise ConfigError(
+                "max_loras",
+                self.max_loras,
+                "0 with enable_prefix_caching=True: vLLM keys cached blocks by LoRA adapter, "
+                "which the AR spec's prefix cache does not model (turn one of them off)",
+            )
         if self.num_drafting_slots >= self.max_num_batched_tokens:
             raise ConfigError(
                 "num_drafting_slots",
@@ -225,6 +240,8 @@ class ArRequest:
         own forwards (vLLM 0.34's `prompt_logprob_start`, its `prefix_cache_hit_limit`).
         Drawn only for implementations whose profile declares it
         (`ArConfigSpace.cache_read_limits`).
+    lora: its LoRA adapter (an id >= 1), or None for the base model; only where the
+        configuration serves adapters (`ArConfig.max_loras` > 0).
     """
 
     request_id: str
@@ -236,6 +253,7 @@ class ArRequest:
     arrival_time: float = 0.0
     prompt: tuple[int, ...] | None = None
     cache_read_limit: int | None = None
+    lora: int | None = None
 
     @property
     def expected_output(self) -> int:
@@ -287,6 +305,12 @@ def validate_ar_request(config: ArConfig, request: ArRequest) -> int:
         raise InvalidRequest(rid, "priority", request.priority, "must be an integer")
     if request.cache_read_limit is not None:
         _int_field(rid, "cache_read_limit", request.cache_read_limit, 0)
+    if request.lora is not None:
+        _int_field(rid, "lora", request.lora, 1)
+        if not config.max_loras:
+            raise InvalidRequest(
+                rid, "lora", request.lora, "None: the configuration serves no adapter (max_loras=0)"
+            )
     if request.prompt is not None and (
         not isinstance(request.prompt, tuple)
         or len(request.prompt) != request.prompt_len

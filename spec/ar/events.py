@@ -48,6 +48,8 @@ class ArSubmitted:
     # The most leading tokens a cache hit may give it (`ArRequest.cache_read_limit`; None:
     # unbounded; 0: it skips reading the prefix cache).
     cache_read_limit: int | None = None
+    # Its LoRA adapter (`ArRequest.lora`; None: the base model).
+    lora: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

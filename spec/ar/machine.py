@@ -78,7 +78,7 @@ from spec.ar.profile import ArPolicy
 from spec.ar.rules import ArRule
 from spec.ar.snapshot import AR_SNAPSHOT_FIELDS, ArSnapshot
 from spec.ar.state import ArRequestState, ArState, render
-from spec.errors import RequestError
+from spec.errors import ConfigError, RequestError
 from spec.machine_base import MachineBase
 from spec.snapshot import wrong_container
 
@@ -99,6 +99,7 @@ class _Req:
     predicted_len: int | None
     prompt: tuple[int, ...] | None = None
     cache_read_limit: int | None = None  # `ArRequest.cache_read_limit`
+    lora: int | None = None  # `ArRequest.lora`
     phase: ArPhase = ArPhase.WAITING
     num_computed: int = 0
     num_output: int = 0
@@ -213,6 +214,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if isinstance(policy, ArRules):
             policy = ArPolicy(rules=policy)
         self.policy: ArPolicy = policy if policy is not None else ArPolicy()
+        if config.max_loras and self.policy.prefill_interval > 1:
+            raise ConfigError(
+                "max_loras",
+                config.max_loras,
+                f"0 under a prefill cadence (prefill_interval={self.policy.prefill_interval}): "
+                "its capacity escape does not count requests vLLM's pass skipped for their "
+                "adapter, and no event says which it skipped",
+            )
         self.rules: ArRules = self.policy.rules_for(config)
         self.watermark: int = self.policy.watermark_blocks(config)  # blocks admission leaves free
         self._requests: dict[str, _Req] = {}  # active requests only
@@ -273,6 +282,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._waited(r),
             r.cache_read_limit,
             r.awaiting,
+            r.lora,
         )
 
     def state(self) -> ArState:
@@ -738,6 +748,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             e.predicted_len,
             prompt=e.prompt,
             cache_read_limit=e.cache_read_limit,
+            lora=e.lora,
         )
         try:
             validate_ar_request(self.config, req)
@@ -755,6 +766,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             e.predicted_len,
             e.prompt,
             e.cache_read_limit,
+            e.lora,
             wait_since=self._step.index,
             stop_sampled=e.stop_sampled,
         )
@@ -764,8 +776,26 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._touch(r)
 
     def _admissible(self) -> list[str]:
-        """The waiting queue without its awaiting requests (`ArAwaiting`), in order."""
-        return [q for q in self._waiting if self._requests[q].awaiting is None]
+        """The waiting queue without its awaiting requests (`ArAwaiting`) and those whose LoRA
+        adapter finds no room now (`lora_slots`), in order."""
+        return [
+            q
+            for q in self._waiting
+            if self._requests[q].awaiting is None and not self._adapter_blocked(self._requests[q])
+        ]
+
+    def _adapters(self) -> set[int]:
+        """The LoRA adapters the running requests use (those admitted in this step included)."""
+        return {lora for q in self._running if (lora := self._requests[q].lora) is not None}
+
+    def _adapter_blocked(self, r: _Req) -> bool:
+        """`lora_slots`: `r` needs an adapter no running request uses while they use
+        `max_loras` already (vLLM's scheduler passes over it: "Scheduling would exceed
+        max_loras, skip")."""
+        if r.lora is None:
+            return False
+        adapters = self._adapters()
+        return r.lora not in adapters and len(adapters) >= self.config.max_loras
 
     def _awaiting(self, e: ArAwaiting) -> None:
         """`awaiting`: a request submitted in this gap between steps, never scheduled, may not
@@ -1282,6 +1312,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             raise self._fail(
                 ArRule.NO_ADMISSION_AFTER_PREEMPTION,
                 f"admitted {r.request_id!r} in a step that preempted {st.preempted}",
+                e,
+            )
+        if self._adapter_blocked(r):
+            raise self._fail(
+                ArRule.LORA_SLOTS,
+                f"admitting {r.request_id!r} (LoRA adapter {r.lora}) makes the running requests "
+                f"use adapters {sorted(self._adapters() | {r.lora or 0})}; "
+                f"max_loras={cfg.max_loras}",
                 e,
             )
         if len(self._running) + 1 > cfg.max_num_seqs:

@@ -34,6 +34,7 @@ class ArRule(StrEnum):
     SPECULATIVE_DRAFTS = "speculative_drafts"
     OUTPUT_TOKENS = "output_tokens"
     AWAITING = "awaiting"
+    LORA_SLOTS = "lora_slots"
     STEP_ORDER = "step_order"
     KV_COVERS_SCHEDULED = "kv_covers_scheduled"
     KV_COVERS_COMPUTED = "kv_covers_computed"
@@ -153,6 +154,12 @@ _AR_RULES: dict[ArRule, str] = {
     "admission pass that reaches it (admitting a request after it in the pass's order, or "
     "admitting nothing with nothing running) ends it, `ar_aborted` in that step's update "
     "phase.",
+    ArRule.LORA_SLOTS: "With max_loras > 0, a request may name a LoRA adapter (`ar_submitted`'s "
+    "lora). The running requests, those admitted in the step included, use at most max_loras "
+    "adapters (the base model not counted): a waiting request whose adapter none of them uses "
+    "while they use max_loras is not admitted, and every admission rule (FCFS order, policy "
+    "key, aging, progress) passes over it, its place in the queue kept (vLLM skips it: "
+    "'Scheduling would exceed max_loras').",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "

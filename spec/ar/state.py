@@ -29,6 +29,7 @@ class ArRequestState:
     waited: int  # steps waited since it last entered the queue
     cache_read_limit: int | None = None  # `ArRequest.cache_read_limit`
     awaiting: str | None = None  # why it may not be admitted yet (`ArAwaiting`), or None
+    lora: int | None = None  # its LoRA adapter (`ArRequest.lora`), or None
 
     @property
     def known_tokens(self) -> int:
@@ -93,6 +94,7 @@ def render(s: ArState) -> str:
             f"computed={r.num_computed} outputs={r.num_output} blocks={list(r.blocks)}"
             + ("" if r.cache_read_limit is None else f" cache_read_limit={r.cache_read_limit}")
             + ("" if r.awaiting is None else f" awaiting={r.awaiting}")
+            + ("" if r.lora is None else f" lora={r.lora}")
         )
     shared = {b: sorted(h) for b, h in s.block_holders.items() if len(h) > 1}
     if shared:

@@ -76,6 +76,10 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
         if value is not None and (not isinstance(value, int) or not _is_int(value) or value < 0):
             raise bad("an integer >= 0 or null")
         return value
+    if name == "lora":
+        if value is not None and (not isinstance(value, int) or not _is_int(value) or value < 1):
+            raise bad("an integer >= 1 or null")
+        return value
     if name in ("blocks", "freed", "prompt", "tokens"):
         if value is None and name == "prompt":
             return None
@@ -105,7 +109,7 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
 def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
     """The event as a JSON-ready object (`stop_sampled` only when set: most logs script their
     stops, and the field is then left out; `reset` and `in_step` likewise only when set;
-    `cache_read_limit` only when bounded; `drafts` only when some)."""
+    `cache_read_limit` only when bounded; `lora` only when named; `drafts` only when some)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
@@ -113,7 +117,7 @@ def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
             continue
         if f.name == "drafts" and value == 0:
             continue
-        if f.name == "cache_read_limit" and value is None:
+        if f.name in ("cache_read_limit", "lora") and value is None:
             continue
         if isinstance(value, ArFinishReason):
             value = value.value
@@ -234,6 +238,7 @@ OPTIONAL_AR_CONFIG_FIELDS: dict[str, object] = {
     "num_speculative_tokens": 0,
     "num_lookahead_tokens": 0,
     "num_drafting_slots": 0,
+    "max_loras": 0,
 }
 
 

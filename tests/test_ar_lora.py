@@ -1,0 +1,179 @@
+"""LoRA adapters in the AR spec (`ArConfig.max_loras`, `ArRequest.lora`, rule `lora_slots`):
+the running requests use at most max_loras adapters; a waiting request whose adapter finds no
+room is passed over by every admission rule, its place kept; the configuration and the
+request are checked; a log round-trips its adapters; the vllm-v1 twin passes over such a
+request as vLLM does, and a twin that does not schedule adapters is refused a LoRA log."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from properties.ar.harness import ArHarness
+from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.config import ArConfig, ArRequest, Policy, validate_ar_request
+from spec.ar.events import (
+    ArBlocksAllocated,
+    ArBlocksFreed,
+    ArEvent,
+    ArFinished,
+    ArFinishReason,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.machine import ArSpecMachine
+from spec.ar.profile import ArPolicy
+from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, write_ar_trace
+from spec.errors import ConfigError, InvalidRequest
+from tests.test_ar_awaiting import verdict
+from tests.test_ar_rules_fire import CFG
+from tests.test_twin_settings import check
+
+# one adapter slot, two seats
+ONE_SLOT = CFG.replace(max_loras=1)
+
+
+def a_runs_then(*after: ArEvent) -> list[ArEvent]:
+    """a (adapter 1, a 3-token prompt in one block, 2 outputs) is admitted in step 0 and
+    runs; b (adapter 2) and c (the base model, 4 tokens) wait behind it; then `after`."""
+    return [
+        ArSubmitted("a", 3, 2, lora=1),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 3),
+        ArStepEnd(0),
+        ArSubmitted("b", 4, 1, lora=2),
+        ArSubmitted("c", 4, 1),
+        *after,
+    ]
+
+
+C_PASSES_B: list[ArEvent] = [
+    ArScheduled("a", 1),
+    ArBlocksAllocated("c", (2,)),
+    ArScheduled("c", 4),
+    ArStepEnd(1),
+]
+
+
+def test_a_request_whose_adapter_finds_no_room_is_passed_over() -> None:
+    """b's adapter finds no room beside a's: c, behind it, is admitted (FCFS holds), and
+    without the adapters in the log the same admission breaks FCFS."""
+    assert verdict(a_runs_then(*C_PASSES_B), ONE_SLOT) == ("", "")
+    bare = [
+        ArSubmitted(e.request_id, e.prompt_len, e.max_tokens) if isinstance(e, ArSubmitted) else e
+        for e in a_runs_then(*C_PASSES_B)
+    ]
+    rule, message = verdict(bare, CFG)
+    assert rule == "fcfs_admission" and "admitted 'c' while 'b' is ahead of it" in message
+
+
+def test_a_request_whose_adapter_runs_already_may_not_be_passed_over() -> None:
+    """With two slots b's adapter has room: passing over it breaks FCFS."""
+    rule, message = verdict(a_runs_then(*C_PASSES_B), CFG.replace(max_loras=2))
+    assert rule == "fcfs_admission" and "'b' is ahead" in message, message
+
+
+def test_admitting_an_adapter_past_max_loras_breaks_lora_slots() -> None:
+    """b admitted beside a: two adapters with one slot."""
+    events = a_runs_then(ArScheduled("a", 1), ArBlocksAllocated("b", (2,)), ArScheduled("b", 4))
+    rule, message = verdict(events, ONE_SLOT)
+    assert rule == "lora_slots", message
+    assert "admitting 'b' (LoRA adapter 2) makes the running requests use adapters [1, 2]" in (
+        message
+    )
+    assert "max_loras=1" in message
+
+
+def test_once_the_adapter_frees_its_slot_the_request_is_admitted_first() -> None:
+    """a finishes: b's adapter has room, and it is admitted before c."""
+    events = a_runs_then(
+        ArScheduled("a", 1),
+        ArStepEnd(1),
+        ArBlocksFreed("a", (1,)),
+        ArFinished("a", ArFinishReason.LENGTH),
+        ArBlocksAllocated("c", (1,)),
+        ArScheduled("c", 4),
+    )
+    rule, message = verdict(events, ONE_SLOT)
+    assert rule == "fcfs_admission" and "'b' is ahead" in message, message
+
+
+def test_the_configuration_and_the_request_are_checked() -> None:
+    """max_loras with prefix caching is refused, naming both; a request naming an adapter
+    where none is served fails valid_request; a cadence with adapters is refused by the
+    machine, saying what the log would lack."""
+    with pytest.raises(ConfigError, match=r"max_loras.*enable_prefix_caching=True"):
+        ArConfig(max_loras=1, enable_prefix_caching=True)
+    with pytest.raises(ConfigError, match="max_loras"):
+        ArConfig(max_loras=-1)
+    rule, message = verdict([ArSubmitted("a", 4, 1, lora=1)], CFG)
+    assert rule == "valid_request" and "max_loras=0" in message, message
+    with pytest.raises(InvalidRequest, match="lora"):
+        validate_ar_request(ONE_SLOT, ArRequest("a", 4, 1, lora=0))
+    with pytest.raises(ConfigError, match=r"prefill_interval=3.*no event says"):
+        ArSpecMachine(ONE_SLOT, ArPolicy(prefill_interval=3))
+
+
+def test_a_log_round_trips_its_adapters() -> None:
+    """The header carries max_loras (left out at 0), ar_submitted its lora (left out for the
+    base model)."""
+    assert "max_loras" not in ar_config_to_dict(CFG)
+    assert ar_config_from_dict(ar_config_to_dict(ONE_SLOT))[0] == ONE_SLOT
+    out = io.StringIO()
+    write_ar_trace(a_runs_then(*C_PASSES_B), out, ONE_SLOT)
+    text = out.getvalue()
+    assert '"lora":1' in text and '"lora":2' in text
+    assert text.count('"lora"') == 2  # c runs the base model
+
+
+def twin(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    """The vllm-v1 twin (vLLM 0.33.0's options)."""
+    return VllmV1Scheduler(config, sink, VLLM_033)
+
+
+@pytest.mark.parametrize("policy", [Policy.FCFS, Policy.PRIORITY])
+def test_the_twin_passes_over_a_request_whose_adapter_finds_no_room(policy: Policy) -> None:
+    """Through the harness (every event checked): a, b (adapter 1, 2) and c (base model) with
+    one slot: b waits until a finishes while c is admitted past it."""
+    config = ONE_SLOT.replace(policy=policy)
+    h = ArHarness(twin, config)
+    for rid, lora in (("a", 1), ("b", 2), ("c", None)):
+        h.submit(ArRequest(rid, 4, 3, lora=lora))
+    h.step()
+    admitted = [e.request_id for e in h.events if isinstance(e, ArScheduled)]
+    assert admitted == ["a", "c"], h.events
+    h.drain()
+    assert h.violation is None, h.violation
+    first: dict[str, int] = {}
+    for e in h.events:
+        if isinstance(e, ArScheduled):
+            first.setdefault(e.request_id, len(first))
+    assert list(first) == ["a", "c", "b"]
+
+
+def test_a_twin_that_does_not_schedule_adapters_is_refused_a_lora_log(tmp_path: Path) -> None:
+    """A Vidur twin says nothing of adapters: check-trace --twin refuses the LoRA log in one
+    line (exit 2); vllm-v1 decides alike."""
+    ends: list[ArEvent] = [
+        ArBlocksFreed("a", (1,)),
+        ArFinished("a", ArFinishReason.LENGTH),
+        ArBlocksFreed("c", (2,)),
+        ArFinished("c", ArFinishReason.LENGTH),
+        ArBlocksAllocated("b", (1,)),
+        ArScheduled("b", 4),
+        ArStepEnd(2),
+        ArBlocksFreed("b", (1,)),
+        ArFinished("b", ArFinishReason.LENGTH),
+    ]
+    path = tmp_path / "log.jsonl"
+    with path.open("w") as out:
+        write_ar_trace(a_runs_then(*C_PASSES_B, *ends), out, ONE_SLOT)
+    code, said = check(str(path), "--twin", "vidur-sarathi")
+    assert code == 2 and said.count("\n") == 1, said
+    assert "LoRA adapters (max_loras=1)" in said and "--twin vllm-v1" in said, said
+    code, said = check(str(path), "--twin", "vllm-v1")
+    assert code == 0 and "its twin vllm-v1 decides alike in all 3 steps" in said, said

@@ -1,0 +1,236 @@
+"""Live vLLM logs with LoRA adapters (`VllmEventLog`; the AR spec's `max_loras`, rule
+`lora_slots`): vLLM passes over a waiting request whose adapter finds no room beside the
+running requests' and admits those behind it. The header declares `max_loras` and each
+`ar_submitted` its adapter, so generated programs conform (and fail an admission rule without
+their adapters), the vllm-v1 twin decides alike, seeded bugs in vLLM's adapter slots are
+caught, and what the log cannot describe (adapters beside a prefill cadence or prefix
+caching) is refused before anything is written."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.vllm import MANIFEST
+from integrations.vllm.adapter import adapter_of
+from integrations.vllm.admission_knobs import AdmissionKnobs
+from integrations.vllm.engine_core import (
+    CoreProgram,
+    EngineCoreLoop,
+    EngineCoreViolation,
+    core_program,
+)
+from integrations.vllm.event_log import VllmEventLog
+from properties.ar.trace_check import check_ar_trace
+from schedspec_cli.main import main
+from spec.errors import ConfigError
+from tests.engine_gate import require_engine
+from tests.tier import depth
+
+PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", depth(20, 80)))
+ADAPTERS = 3  # the programs' requests run adapters 1..3 and the base model in turn
+
+
+@pytest.fixture(autouse=True)
+def _vllm() -> None:
+    require_engine(MANIFEST, "vllm", "vLLM")
+
+
+def lora_log(
+    program: CoreProgram,
+    into: list[str],
+    max_loras: int = 1,
+    bug: Callable[[Any], None] | None = None,
+    **options: Any,
+) -> None:
+    """The live log of the engine-core loop serving `program` with LoRA adapters (`max_loras`
+    at once), into `into`; `bug` planted in the scheduler first."""
+
+    def attach(scheduler: Any) -> None:
+        if bug is not None:
+            bug(scheduler)
+        VllmEventLog(scheduler, into.append)
+
+    EngineCoreLoop(
+        program.config,
+        async_scheduling=False,
+        loras=ADAPTERS,
+        max_loras=max_loras,
+        mutate=attach,
+        **options,
+    ).run(program)
+
+
+def lora_programs(count: int) -> Iterator[CoreProgram]:
+    """The first `count` generated programs without prefix caching (vLLM keys cached blocks by
+    adapter, which the spec does not model: such logs are refused)."""
+    seed = 0
+    found = 0
+    while found < count:
+        program = core_program(seed)
+        seed += 1
+        if not program.config.enable_prefix_caching:
+            found += 1
+            yield program
+
+
+def without_adapters(lines: list[str]) -> list[str]:
+    """The log as it would read without adapters: no `max_loras`, no `lora`."""
+    out = []
+    for line in lines:
+        data = json.loads(line)
+        data.pop("max_loras", None)
+        data.pop("lora", None)
+        out.append(json.dumps(data))
+    return out
+
+
+def twin_agrees(lines: list[str], tmp_path: Path) -> tuple[int, str]:
+    """`check-trace LOG --twin vllm-v1`: its exit code and what it printed."""
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stdout", out)
+        mp.setattr("sys.stderr", out)
+        code = main(["check-trace", str(path), "--twin", "vllm-v1"])
+    return code, out.getvalue()
+
+
+@pytest.mark.parametrize("max_loras", [1, 2])
+def test_generated_programs_conform_and_decide_as_the_twin(max_loras: int, tmp_path: Path) -> None:
+    """Every program's log conforms and the twin decides alike; the log declares the slots
+    and the adapters; with one slot, several logs break an admission rule without their
+    adapters (vLLM passed over a request whose adapter found no room)."""
+    bare_fails = 0
+    for program in lora_programs(PROGRAMS):
+        lines: list[str] = []
+        lora_log(program, lines, max_loras)
+        assert json.loads(lines[0])["max_loras"] == max_loras
+        assert check_ar_trace(lines).violation is None
+        code, said = twin_agrees(lines, tmp_path)
+        assert code == 0, said
+        bare = check_ar_trace(without_adapters(lines)).violation
+        if bare is not None:
+            assert bare.rule in ("fcfs_admission", "policy_admission"), bare
+            bare_fails += 1
+    if max_loras == 1:
+        assert bare_fails >= 3, bare_fails
+
+
+def more_slots_in_the_pass(sched: Any) -> None:
+    """A vLLM that lets its waiting pass admit one adapter more than `max_loras`."""
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        sched.lora_config.max_loras += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            sched.lora_config.max_loras -= 1
+
+    sched.schedule = schedule
+
+
+def skips_a_running_adapter(sched: Any) -> None:
+    """A vLLM whose pass skips every request with an adapter once the slots are full, its
+    adapter running or not."""
+    original = sched._handle_blocked_waiting_request
+
+    def handle(request: Any) -> Any:
+        running = {adapter_of(r) for r in sched.running} - {0}
+        if adapter_of(request) and len(running) >= sched.lora_config.max_loras:
+            return False
+        return original(request)
+
+    sched._handle_blocked_waiting_request = handle
+
+
+def requeues_skipped_last(sched: Any) -> None:
+    """A vLLM that puts the requests its pass skipped for their adapter back at the tail of
+    the queue instead of its head."""
+    original = sched.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        running = {adapter_of(r) for r in sched.running} - {0}
+        full = len(running) >= sched.lora_config.max_loras
+        skipped = [
+            r for r in sched.waiting if adapter_of(r) and full and adapter_of(r) not in running
+        ]
+        if skipped and len(skipped) < len(sched.waiting):
+            sched.waiting.remove_requests(skipped)
+            for request in skipped:
+                sched.waiting.add_request(request)
+        return out
+
+    sched.schedule = schedule
+
+
+@pytest.mark.parametrize(
+    ("bug", "rules"),
+    [
+        (more_slots_in_the_pass, ("lora_slots",)),
+        (skips_a_running_adapter, ("fcfs_admission", "policy_admission")),
+        (requeues_skipped_last, ("fcfs_admission", "policy_admission")),
+    ],
+    ids=["more-slots", "skips-a-running-adapter", "requeues-skipped-last"],
+)
+def test_seeded_adapter_bugs_are_caught(bug: Callable[[Any], None], rules: tuple[str, ...]) -> None:
+    """Each seeded bug fails its rule on some generated program's log (the loop's own check
+    stops the first at the slot it breaks; the log so far is checked)."""
+    for program in lora_programs(PROGRAMS):
+        lines: list[str] = []
+        with contextlib.suppress(EngineCoreViolation):  # the loop's own check: checked so far
+            lora_log(program, lines, bug=bug)
+        found = check_ar_trace(lines).violation
+        if found is not None:
+            assert found.rule in rules, found
+            return
+    pytest.fail(f"no program's log caught {bug.__name__}")
+
+
+def test_adapters_the_log_cannot_describe_are_refused() -> None:
+    """Beside a prefill cadence (its capacity escape leaves out the requests skipped for
+    their adapter) and with prefix caching (cached blocks keyed by adapter): a ConfigError
+    naming why, and nothing written."""
+    flat = next(lora_programs(1))
+    cached = next(p for p in map(core_program, range(50)) if p.config.enable_prefix_caching)
+    cadence = AdmissionKnobs(prefill_interval=3)
+    for program, admission, field, said in (
+        (flat, cadence, "lora_config", "cadence"),
+        (cached, AdmissionKnobs(), "scheduler", "enable_prefix_caching=True"),
+    ):
+        lines: list[str] = []
+        with pytest.raises(ConfigError) as caught:
+            lora_log(program, lines, admission=admission)
+        assert caught.value.field == field and said in str(caught.value), str(caught.value)
+        assert lines == []
+
+
+def tally_lora_logs(count: int, max_loras: int) -> dict[str, int]:
+    """For the by-hand runs of docs/engines/vllm.md: over the first `count` programs without
+    prefix caching, served with LoRA adapters (`max_loras` at once), how many logs conform,
+    how many the twin (vllm-v1) decides alike, and by which rule the logs without their
+    adapters fail."""
+    tally: Counter[str] = Counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        for program in lora_programs(count):
+            lines: list[str] = []
+            lora_log(program, lines, max_loras)
+            found = check_ar_trace(lines).violation
+            tally["conform" if found is None else f"violation: {found.rule}"] += 1
+            code, _ = twin_agrees(lines, Path(scratch))
+            tally["twin decides alike" if code == 0 else f"twin exit {code}"] += 1
+            bare = check_ar_trace(without_adapters(lines)).violation
+            tally["without adapters: " + ("conform" if bare is None else bare.rule)] += 1
+    return dict(tally)
