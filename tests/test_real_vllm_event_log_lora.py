@@ -9,7 +9,6 @@ caching) is refused before anything is written."""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import tempfile
@@ -31,9 +30,9 @@ from integrations.vllm.engine_core import (
 )
 from integrations.vllm.event_log import VllmEventLog
 from properties.ar.trace_check import check_ar_trace
-from schedspec_cli.main import main
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.test_twin_settings import check
 from tests.tier import depth
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", depth(20, 80)))
@@ -98,12 +97,7 @@ def twin_agrees(lines: list[str], tmp_path: Path) -> tuple[int, str]:
     """`check-trace LOG --twin vllm-v1`: its exit code and what it printed."""
     path = tmp_path / "log.jsonl"
     path.write_text("".join(f"{line}\n" for line in lines))
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stdout", out)
-        mp.setattr("sys.stderr", out)
-        code = main(["check-trace", str(path), "--twin", "vllm-v1"])
-    return code, out.getvalue()
+    return check(str(path), "--twin", "vllm-v1")
 
 
 @pytest.mark.parametrize("max_loras", [1, 2])
