@@ -211,9 +211,9 @@ def twin_runs(
             if config.max_loras and not getattr(adapter, "serves_loras", False):
                 raise CannotDrive(
                     f"the log's requests run LoRA adapters (max_loras={config.max_loras}), "
-                    f"and {twin.name} does not say it schedules them (an adapter's "
-                    "`serves_loras`; vllm-v1 does): check the log without --twin, or with "
-                    "--twin vllm-v1"
+                    f"which {twin.name} does not replay (its adapter does not set "
+                    "`serves_loras`; the reference vllm-v1 does): check the log without "
+                    "--twin, or with --twin vllm-v1"
                 )
     except ConfigError as err:
         raise ConfigError(

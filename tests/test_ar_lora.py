@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from properties.ar.harness import ArHarness
+from properties.ar.trace_check import check_ar_trace
 from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
-from spec.ar.config import ArConfig, ArRequest, Policy, validate_ar_request
+from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, validate_ar_request
 from spec.ar.events import (
     ArBlocksAllocated,
     ArBlocksFreed,
@@ -29,7 +30,8 @@ from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, write_ar_trace
 from spec.errors import ConfigError, InvalidRequest
-from tests.test_ar_awaiting import verdict
+from spec.trace import TraceFormatError
+from tests.test_ar_awaiting import log_of, verdict
 from tests.test_ar_rules_fire import CFG
 from tests.test_twin_settings import check
 
@@ -177,3 +179,28 @@ def test_a_twin_that_does_not_schedule_adapters_is_refused_a_lora_log(tmp_path: 
     assert "LoRA adapters (max_loras=1)" in said and "--twin vllm-v1" in said, said
     code, said = check(str(path), "--twin", "vllm-v1")
     assert code == 0 and "its twin vllm-v1 decides alike in all 3 steps" in said, said
+
+
+def test_look_ahead_passes_over_a_request_whose_adapter_finds_no_room() -> None:
+    """FCFS with a look-ahead of 1: b, blocked by its adapter, is not one of the requests c
+    looked past (else b, which fits, would have to be admitted first); with room for b's
+    adapter the look-ahead fails on it."""
+    look_ahead = ArPolicy(rules=ArRules(fcfs_lookahead=1))
+    log = log_of(a_runs_then(*C_PASSES_B), ONE_SLOT)
+    assert check_ar_trace(log, policy=look_ahead).violation is None
+    found = check_ar_trace(
+        log_of(a_runs_then(*C_PASSES_B), CFG.replace(max_loras=2)), policy=look_ahead
+    )
+    assert found.violation is not None and "past 'b'" in str(found.violation), found.violation
+
+
+def test_a_bad_adapter_in_a_log_is_a_line_error_and_the_state_shows_adapters() -> None:
+    """`"lora": 0` is no adapter id: the log's line is refused (exit 2), not checked. A
+    counterexample's state names each request's adapter."""
+    lines = log_of([ArSubmitted("a", 4, 1, lora=1)], ONE_SLOT)
+    bad = [lines[0], lines[1].replace('"lora":1', '"lora":0')]
+    with pytest.raises(TraceFormatError, match=r"lora=0: must be an integer >= 1"):
+        check_ar_trace(bad)
+    events = a_runs_then(ArScheduled("a", 1), ArBlocksAllocated("b", (2,)), ArScheduled("b", 4))
+    _, message = verdict(events, ONE_SLOT)
+    assert "b: waiting" in message and " lora=2" in message and " lora=1" in message, message

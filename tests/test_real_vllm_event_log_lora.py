@@ -170,6 +170,45 @@ def requeues_skipped_last(sched: Any) -> None:
     sched.schedule = schedule
 
 
+def stops_at_a_blocked_adapter(sched: Any) -> None:
+    """A vLLM whose pass stops at a request whose adapter finds no room instead of skipping
+    it (every request after it is skipped too: head-of-line blocking)."""
+    original_schedule = sched.schedule
+    original_handle = sched._handle_blocked_waiting_request
+    stopped = [False]
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        stopped[0] = False
+        return original_schedule(*args, **kwargs)
+
+    def handle(request: Any) -> Any:
+        running = {adapter_of(r) for r in sched.running} - {0}
+        adapter = adapter_of(request)
+        full = len(running) >= sched.lora_config.max_loras
+        stopped[0] = stopped[0] or bool(adapter and full and adapter not in running)
+        return False if stopped[0] else original_handle(request)
+
+    sched.schedule = schedule
+    sched._handle_blocked_waiting_request = handle
+
+
+def test_a_pass_that_stops_at_a_blocked_adapter_is_caught_by_the_twin_only(
+    tmp_path: Path,
+) -> None:
+    """No admission rule asks the pass to go on past a request it may pass over: the log of a
+    vLLM that stops there conforms, and the twin (which admits the request behind it when it
+    fits, as vLLM does) finds the step."""
+    for program in lora_programs(PROGRAMS):
+        lines: list[str] = []
+        lora_log(program, lines, bug=stops_at_a_blocked_adapter)
+        assert check_ar_trace(lines).violation is None
+        code, said = twin_agrees(lines, tmp_path)
+        if code:
+            assert "[twin_decisions] against vllm-v1: step " in said, said
+            return
+    pytest.fail("no program's log showed the pass stopping at a blocked adapter")
+
+
 @pytest.mark.parametrize(
     ("bug", "rules"),
     [

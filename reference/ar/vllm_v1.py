@@ -95,7 +95,9 @@ class VllmV1Scheduler(ArSchedulerBase):
 
     name = "vllm-v1"
     options: VllmOptions = VllmOptions()
-    serves_loras = True  # passes over a request whose LoRA adapter finds no room, as vLLM
+    # passes over a request whose LoRA adapter finds no room, as vLLM does (a subclass that
+    # changes `_admissible` says again whether it does)
+    serves_loras = True
 
     def __init__(
         self, config: ArConfig, sink: ArEventSink, options: VllmOptions | None = None

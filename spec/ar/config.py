@@ -309,7 +309,10 @@ def validate_ar_request(config: ArConfig, request: ArRequest) -> int:
         _int_field(rid, "lora", request.lora, 1)
         if not config.max_loras:
             raise InvalidRequest(
-                rid, "lora", request.lora, "None: the configuration serves no adapter (max_loras=0)"
+                rid,
+                "lora",
+                request.lora,
+                "no adapter (the base model): the configuration serves none (max_loras=0)",
             )
     if request.prompt is not None and (
         not isinstance(request.prompt, tuple)

@@ -218,9 +218,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             raise ConfigError(
                 "max_loras",
                 config.max_loras,
-                f"0 under a prefill cadence (prefill_interval={self.policy.prefill_interval}): "
-                "its capacity escape does not count requests vLLM's pass skipped for their "
-                "adapter, and no event says which it skipped",
+                f"no LoRA adapters (0) under a prefill cadence (prefill_interval="
+                f"{self.policy.prefill_interval}): its capacity escape does not count the "
+                "requests vLLM's pass skipped for their adapter, and no event says which",
             )
         self.rules: ArRules = self.policy.rules_for(config)
         self.watermark: int = self.policy.watermark_blocks(config)  # blocks admission leaves free
@@ -1404,10 +1404,11 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         fits. Every block `r` holds came in this step and no block is freed between a request
         passed over and `r`'s admission, so the pool had at least `free + len(r.blocks)` free
         when each of them was passed over."""
+        admissible = set(self._admissible())  # awaiting and adapter-blocked ones passed over
         ahead = [
             self._requests[q]
             for q in self._waiting[: self._waiting.index(r.request_id)]
-            if self._requests[q].awaiting is None
+            if q in admissible
         ]
         if len(ahead) > limit:
             raise self._fail(
