@@ -7,12 +7,15 @@ adapter reports them."""
 from __future__ import annotations
 
 import dataclasses
+import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from properties.ar.harness import ArHarness
+from properties.ar.decisions import operations
+from properties.ar.harness import ArHarness, ArSubmit
 from properties.ar.strategies import cache_read_limits
 from reference.ar.prefix_cache import VLLM_V1_PREFIX, make_vllm_v1_prefix
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
@@ -20,10 +23,11 @@ from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.events import ArBlocksAllocated, ArCacheHit, ArEvent, ArScheduled, ArSubmitted
 from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import CacheReadLimits
-from spec.ar.trace import ar_event_from_dict, ar_event_to_dict
+from spec.ar.trace import ar_event_from_dict, ar_event_to_dict, write_ar_trace
 from spec.errors import InvalidRequest, SpecViolation
 from spec.trace import TraceFormatError
 from tests.test_ar_prefix import CFG, _a_done
+from tests.test_twin_settings import check
 
 
 def _b_reads(limit: int | None, blocks: tuple[int, ...]) -> list[ArEvent]:
@@ -155,3 +159,42 @@ def test_the_strategy_draws_only_the_limits_a_profile_honours(
     limit = data.draw(cache_read_limits(prompt_len, CacheReadLimits.BOUNDED))
     # vLLM 0.34 refuses a first scored row from prompt_len - 1 on
     assert limit is None or limit == 0 or 1 <= limit <= prompt_len - 2, limit
+
+
+def test_a_logs_twin_replays_each_requests_cache_read_limit(tmp_path: Path) -> None:
+    """`check-trace --twin` submits each request with the cache read limit its
+    `ar_submitted` carries: logs of vllm-v1-prefix whose requests bound their reads decide
+    alike (before, the twin read whole cached prefixes and every such log failed
+    twin_decisions)."""
+    config = ArConfig(
+        num_blocks=25,
+        block_size=4,
+        max_num_seqs=2,
+        max_num_batched_tokens=16,
+        max_model_len=64,
+        enable_prefix_caching=True,
+    )
+    policy = VLLM_V1_PREFIX.profile.policy
+    for seed in range(6):
+        rng = random.Random(seed)
+        h = ArHarness(VLLM_V1_PREFIX.factory, config, policy=policy)
+        stem = tuple(rng.randrange(100) for _ in range(12))
+        for i in range(8):
+            tail = tuple(rng.randrange(100, 200) for _ in range(rng.randrange(1, 6)))
+            prompt = stem[: rng.choice((4, 8, 12))] + tail
+            limit = rng.choice((None, 0, 2, 5))
+            h.submit(ArRequest(f"r{i}", len(prompt), 3, prompt=prompt, cache_read_limit=limit))
+            if rng.random() < 0.5:
+                h.step()
+        h.drain()
+        assert h.violation is None, h.violation
+        ops = operations(h.events, {}, config, policy)
+        limits = [op.request.cache_read_limit for op in ops if isinstance(op, ArSubmit)]
+        assert limits == [
+            r.cache_read_limit for r in (o.request for o in h.ops if isinstance(o, ArSubmit))
+        ]
+        path = tmp_path / f"{seed}.jsonl"
+        with path.open("w") as out:
+            write_ar_trace(h.events, out, config, policy)
+        code, said = check(str(path), "--twin", "vllm-v1-prefix")
+        assert code == 0 and "its twin vllm-v1-prefix decides alike" in said, said

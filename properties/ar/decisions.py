@@ -94,6 +94,7 @@ def operations(
                 predicted_len=e.predicted_len,
                 arrival_time=float(submitted),
                 prompt=e.prompt,
+                cache_read_limit=e.cache_read_limit,
                 lora=e.lora,
             )
             ops.append(ArSubmit(request))
