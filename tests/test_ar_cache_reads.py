@@ -27,6 +27,7 @@ from spec.ar.trace import ar_event_from_dict, ar_event_to_dict, write_ar_trace
 from spec.errors import InvalidRequest, SpecViolation
 from spec.trace import TraceFormatError
 from tests.test_ar_prefix import CFG, _a_done
+from tests.test_twin_settings import CFG as SHARED_PROMPTS
 from tests.test_twin_settings import check
 
 
@@ -166,14 +167,7 @@ def test_a_logs_twin_replays_each_requests_cache_read_limit(tmp_path: Path) -> N
     `ar_submitted` carries: logs of vllm-v1-prefix whose requests bound their reads decide
     alike (before, the twin read whole cached prefixes and every such log failed
     twin_decisions)."""
-    config = ArConfig(
-        num_blocks=25,
-        block_size=4,
-        max_num_seqs=2,
-        max_num_batched_tokens=16,
-        max_model_len=64,
-        enable_prefix_caching=True,
-    )
+    config = SHARED_PROMPTS  # 24 usable blocks of 4 tokens, two seats, prefix caching
     policy = VLLM_V1_PREFIX.profile.policy
     for seed in range(6):
         rng = random.Random(seed)
