@@ -81,14 +81,24 @@ def settings_in_effect(
     return in_effect
 
 
-def declared_settings(policy: ArPolicy) -> ArPolicy:
-    """The idealised policy with the settings `policy` declares (those off its default) and
-    nothing else: what a header says of them."""
+def declared(policy: ArPolicy) -> list[str]:
+    """The `AR_SETTINGS` `policy` declares: those off the idealised default, a watermark's kind
+    with its watermark, and the threshold with a window (a header leaves out a threshold of
+    0.5, the default, and still declares it)."""
     idle = ArPolicy()
-    return dataclasses.replace(
-        idle,
-        **{n: getattr(policy, n) for n in AR_SETTINGS if getattr(policy, n) != getattr(idle, n)},
-    )
+    names = []
+    for name in AR_SETTINGS:
+        if name in _WATERMARK_KIND:
+            said = bool(policy.watermark_fraction)
+        elif name == "cache_aware_threshold":
+            said = bool(policy.cache_aware_window) or policy.cache_aware_threshold != (
+                idle.cache_aware_threshold
+            )
+        else:
+            said = getattr(policy, name) != getattr(idle, name)
+        if said:
+            names.append(name)
+    return names
 
 
 def with_settings(
@@ -109,11 +119,8 @@ def with_settings(
     own = twin.policy if twin.policy is not None else vllm_settings_of(factory)
     if settings is None or own is None:
         return twin, ""
-    declared = declared_settings(settings)
     # the twin's own settings, with those declared put in: what it should run
-    wanted = dataclasses.replace(
-        own, **{n: getattr(declared, n) for n in AR_SETTINGS if _is_declared(declared, n)}
-    )
+    wanted = dataclasses.replace(own, **{n: getattr(settings, n) for n in declared(settings)})
     ours = settings_in_effect(own, window, config)
     theirs = settings_in_effect(wanted, window, config)
     differing = [n for n in {**theirs, **ours} if ours.get(n) != theirs.get(n)]
@@ -138,19 +145,6 @@ def with_settings(
     return ArTwin(twin.name, rebuilt, policy, twin.space, took), ""
 
 
-def _is_declared(declared: ArPolicy, name: str) -> bool:
-    """Whether `declared` (`declared_settings`) sets `name` off the default: a watermark's kind
-    counts with its watermark, a threshold with its window."""
-    idle = ArPolicy()
-    if name in _WATERMARK_KIND:
-        return bool(declared.watermark_fraction)
-    if name == "cache_aware_threshold":
-        return bool(declared.cache_aware_window) or declared.cache_aware_threshold != (
-            idle.cache_aware_threshold
-        )
-    return bool(getattr(declared, name) != getattr(idle, name))
-
-
 def _as_declared(name: str, settings: ArPolicy, in_effect: dict[str, object]) -> tuple[str, object]:
     """`(name, value)` as `settings` declares it (a log's watermark: its fraction)."""
     if name == "watermark_blocks":
@@ -160,7 +154,7 @@ def _as_declared(name: str, settings: ArPolicy, in_effect: dict[str, object]) ->
 
 __all__ = [
     "AR_SETTINGS",
-    "declared_settings",
+    "declared",
     "settings_in_effect",
     "window_applies",
     "window_applies_in",

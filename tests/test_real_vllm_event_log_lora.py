@@ -29,6 +29,7 @@ from integrations.vllm.engine_core import (
     core_program,
 )
 from integrations.vllm.event_log import VllmEventLog
+from integrations.vllm.lora_rules import waits_for_adapter
 from properties.ar.trace_check import check_ar_trace
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
@@ -156,11 +157,8 @@ def requeues_skipped_last(sched: Any) -> None:
 
     def schedule(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        running = {adapter_of(r) for r in sched.running} - {0}
-        full = len(running) >= sched.lora_config.max_loras
-        skipped = [
-            r for r in sched.waiting if adapter_of(r) and full and adapter_of(r) not in running
-        ]
+        limit = sched.lora_config.max_loras
+        skipped = [r for r in sched.waiting if waits_for_adapter(sched, r, limit)]
         if skipped and len(skipped) < len(sched.waiting):
             sched.waiting.remove_requests(skipped)
             for request in skipped:
@@ -182,10 +180,8 @@ def stops_at_a_blocked_adapter(sched: Any) -> None:
         return original_schedule(*args, **kwargs)
 
     def handle(request: Any) -> Any:
-        running = {adapter_of(r) for r in sched.running} - {0}
-        adapter = adapter_of(request)
-        full = len(running) >= sched.lora_config.max_loras
-        stopped[0] = stopped[0] or bool(adapter and full and adapter not in running)
+        blocked = waits_for_adapter(sched, request, sched.lora_config.max_loras)
+        stopped[0] = stopped[0] or blocked
         return False if stopped[0] else original_handle(request)
 
     sched.schedule = schedule

@@ -115,14 +115,19 @@ def log_of(
     return str(path)
 
 
-def check(path: str, *flags: str) -> tuple[int, str]:
-    """`check-trace PATH FLAGS`: its exit code and what it printed."""
+def run(*argv: str) -> tuple[int, str]:
+    """`schedspec ARGV`: its exit code and what it printed."""
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("sys.stdout", out)
         mp.setattr("sys.stderr", out)
-        code = main(["check-trace", path, *flags])
+        code = main(list(argv))
     return code, out.getvalue()
+
+
+def check(path: str, *flags: str) -> tuple[int, str]:
+    """`check-trace PATH FLAGS`: its exit code and what it printed."""
+    return run("check-trace", path, *flags)
 
 
 CACHE_AWARE = "reference.ar.vllm_settings:VLLM_V1_CACHE_AWARE"
@@ -240,16 +245,6 @@ def test_a_window_vllm_does_not_apply_is_not_compared(config: ArConfig) -> None:
     assert settings_in_effect(plain, True) != settings_in_effect(
         dataclasses.replace(plain, cache_aware_window=0), True
     )
-
-
-def run(*argv: str) -> tuple[int, str]:
-    """`schedspec ARGV`: its exit code and what it printed."""
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stdout", out)
-        mp.setattr("sys.stderr", out)
-        code = main(list(argv))
-    return code, out.getvalue()
 
 
 def test_verify_runs_a_vllm_twin_with_the_implementations_settings(tmp_path: Path) -> None:
