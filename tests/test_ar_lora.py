@@ -13,12 +13,14 @@ import pytest
 
 from properties.ar.harness import ArHarness
 from properties.ar.trace_check import check_ar_trace
+from reference.ar.prefix_cache import make_vllm_v1_prefix
 from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, validate_ar_request
 from spec.ar.events import (
     ArBlocksAllocated,
     ArBlocksFreed,
+    ArCacheHit,
     ArEvent,
     ArFinished,
     ArFinishReason,
@@ -105,11 +107,9 @@ def test_once_the_adapter_frees_its_slot_the_request_is_admitted_first() -> None
 
 
 def test_the_configuration_and_the_request_are_checked() -> None:
-    """max_loras with prefix caching is refused, naming both; a request naming an adapter
-    where none is served fails valid_request; a cadence with adapters is refused by the
-    machine, saying what the log would lack."""
-    with pytest.raises(ConfigError, match=r"max_loras.*enable_prefix_caching=True"):
-        ArConfig(max_loras=1, enable_prefix_caching=True)
+    """A negative max_loras is refused; a request naming an adapter where none is served
+    fails valid_request; a cadence with adapters is refused by the machine, saying what the
+    log would lack."""
     with pytest.raises(ConfigError, match="max_loras"):
         ArConfig(max_loras=-1)
     rule, message = verdict([ArSubmitted("a", 4, 1, lora=1)], CFG)
@@ -118,6 +118,77 @@ def test_the_configuration_and_the_request_are_checked() -> None:
         validate_ar_request(ONE_SLOT, ArRequest("a", 4, 1, lora=0))
     with pytest.raises(ConfigError, match=r"prefill_interval=3.*no event says"):
         ArSpecMachine(ONE_SLOT, ArPolicy(prefill_interval=3))
+
+
+# prefix caching with two adapter slots
+CACHED_SLOTS = CFG.replace(enable_prefix_caching=True, max_loras=2)
+PROMPT = (7, 8, 9, 10, 11)  # one full block and a token
+
+
+def a_cached_then(*after: ArEvent) -> list[ArEvent]:
+    """a (adapter 1, `PROMPT`) runs in step 0 and finishes, its first block (1) left cached;
+    then `after`."""
+    return [
+        ArSubmitted("a", 5, 1, prompt=PROMPT, lora=1),
+        ArBlocksAllocated("a", (1, 2)),
+        ArScheduled("a", 5),
+        ArStepEnd(0),
+        ArBlocksFreed("a", (1, 2)),
+        ArFinished("a", ArFinishReason.LENGTH),
+        *after,
+    ]
+
+
+def hit_of(rid: str, lora: int | None) -> list[ArEvent]:
+    """`rid` (`PROMPT` under `lora`) is admitted in step 1 reading a's cached block 1."""
+    return [
+        ArSubmitted(rid, 5, 1, prompt=PROMPT, lora=lora),
+        ArCacheHit(rid, (1,)),
+        ArBlocksAllocated(rid, (3,)),
+        ArScheduled(rid, 1),
+        ArStepEnd(1),
+    ]
+
+
+def miss_of(rid: str, lora: int | None) -> list[ArEvent]:
+    """`rid` (`PROMPT` under `lora`) is admitted in step 1 with no cache hit."""
+    return [
+        ArSubmitted(rid, 5, 1, prompt=PROMPT, lora=lora),
+        ArBlocksAllocated(rid, (3, 4)),
+        ArScheduled(rid, 5),
+        ArStepEnd(1),
+    ]
+
+
+def test_cached_blocks_are_keyed_by_adapter() -> None:
+    """vLLM hashes a request's adapter into its blocks: b reads a's cached block under a's
+    adapter; under another adapter, or the base model, the same tokens are other content
+    (`cache_hit_cached`), and a miss is no missed hit (`cache_hit_longest`)."""
+    assert verdict(a_cached_then(*hit_of("b", 1)), CACHED_SLOTS) == ("", "")
+    for lora, said in ((2, "'b' runs adapter 2"), (None, "'b' runs the base model")):
+        rule, message = verdict(a_cached_then(*hit_of("b", lora)), CACHED_SLOTS)
+        assert rule == "cache_hit_cached", message
+        assert f"caches other content: the same tokens under LoRA adapter 1, but {said}" in message
+    longest = ArPolicy(longest_cache_hit=True)
+    for lora in (2, None):
+        log = log_of(a_cached_then(*miss_of("b", lora)), CACHED_SLOTS)
+        assert check_ar_trace(log, policy=longest).violation is None
+    missed = check_ar_trace(log_of(a_cached_then(*miss_of("b", 1)), CACHED_SLOTS), policy=longest)
+    assert missed.violation is not None and missed.violation.rule == "cache_hit_longest"
+
+
+def test_the_prefix_twin_shares_cached_blocks_within_an_adapter_only() -> None:
+    """vllm-v1-prefix, through the harness (every event checked): b (a's adapter) reads a's
+    cached prefix; c (another adapter) and d (the base model), with the same prompt, do not."""
+    h = ArHarness(make_vllm_v1_prefix, CACHED_SLOTS.replace(num_blocks=17, max_num_seqs=4))
+    h.submit(ArRequest("a", 5, 1, prompt=PROMPT, lora=1))
+    h.step()
+    for rid, lora in (("b", 1), ("c", 2), ("d", None)):
+        h.submit(ArRequest(rid, 5, 1, prompt=PROMPT, lora=lora))
+    h.drain()
+    assert h.violation is None, h.violation
+    hits = {e.request_id for e in h.events if isinstance(e, ArCacheHit)}
+    assert hits == {"b"}, h.events
 
 
 def test_a_log_round_trips_its_adapters() -> None:

@@ -1,14 +1,15 @@
 """Live vLLM logs with LoRA adapters (`VllmEventLog`; the AR spec's `max_loras`, rule
 `lora_slots`): vLLM passes over a waiting request whose adapter finds no room beside the
-running requests' and admits those behind it. The header declares `max_loras` and each
-`ar_submitted` its adapter, so generated programs conform (and fail an admission rule without
-their adapters), the vllm-v1 twin decides alike, seeded bugs in vLLM's adapter slots are
-caught, and what the log cannot describe (adapters beside a prefill cadence or prefix
-caching) is refused before anything is written."""
+running requests' and admits those behind it, and keys cached blocks by adapter. The header
+declares `max_loras` and each `ar_submitted` its adapter, so generated programs conform (and
+fail an admission or cache rule without their adapters), the vllm-v1 twins decide alike,
+seeded bugs in vLLM's adapter slots and block hashes are caught, and what the log cannot
+describe (adapters beside a prefill cadence) is refused before anything is written."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import tempfile
@@ -53,12 +54,13 @@ def lora_log(
     **options: Any,
 ) -> None:
     """The live log of the engine-core loop serving `program` with LoRA adapters (`max_loras`
-    at once), into `into`; `bug` planted in the scheduler first."""
+    at once), into `into`; `bug` planted in the scheduler first. With prefix caching the log
+    declares `longest_cache_hit` (every hit vLLM could take is asked of it)."""
 
     def attach(scheduler: Any) -> None:
         if bug is not None:
             bug(scheduler)
-        VllmEventLog(scheduler, into.append)
+        VllmEventLog(scheduler, into.append, longest_cache_hit=program.config.enable_prefix_caching)
 
     EngineCoreLoop(
         program.config,
@@ -70,15 +72,14 @@ def lora_log(
     ).run(program)
 
 
-def lora_programs(count: int) -> Iterator[CoreProgram]:
-    """The first `count` generated programs without prefix caching (vLLM keys cached blocks by
-    adapter, which the spec does not model: such logs are refused)."""
+def lora_programs(count: int, prefix_caching: bool = False) -> Iterator[CoreProgram]:
+    """The first `count` generated programs with prefix caching on or off, as asked."""
     seed = 0
     found = 0
     while found < count:
         program = core_program(seed)
         seed += 1
-        if not program.config.enable_prefix_caching:
+        if program.config.enable_prefix_caching == prefix_caching:
             found += 1
             yield program
 
@@ -94,11 +95,11 @@ def without_adapters(lines: list[str]) -> list[str]:
     return out
 
 
-def twin_agrees(lines: list[str], tmp_path: Path) -> tuple[int, str]:
-    """`check-trace LOG --twin vllm-v1`: its exit code and what it printed."""
+def twin_agrees(lines: list[str], tmp_path: Path, twin: str = "vllm-v1") -> tuple[int, str]:
+    """`check-trace LOG --twin TWIN`: its exit code and what it printed."""
     path = tmp_path / "log.jsonl"
     path.write_text("".join(f"{line}\n" for line in lines))
-    return check(str(path), "--twin", "vllm-v1")
+    return check(str(path), "--twin", twin)
 
 
 @pytest.mark.parametrize("max_loras", [1, 2])
@@ -120,6 +121,43 @@ def test_generated_programs_conform_and_decide_as_the_twin(max_loras: int, tmp_p
             bare_fails += 1
     if max_loras == 1:
         assert bare_fails >= 3, bare_fails
+
+
+def test_prefix_caching_programs_conform_with_the_longest_hit(tmp_path: Path) -> None:
+    """With prefix caching (vLLM's default) each log declares `longest_cache_hit` and
+    conforms: a request takes every cached block of its prefix under its own adapter, and none
+    of another's; vllm-v1-prefix decides alike. Without their adapters several logs fail,
+    most at a request that took no hit where another adapter had cached its prefix."""
+    bare_rules: Counter[str] = Counter()
+    for program in lora_programs(PROGRAMS, prefix_caching=True):
+        lines: list[str] = []
+        lora_log(program, lines)
+        assert check_ar_trace(lines).violation is None
+        code, said = twin_agrees(lines, tmp_path, "vllm-v1-prefix")
+        assert code == 0, said
+        bare = check_ar_trace(without_adapters(lines)).violation
+        if bare is not None:
+            bare_rules[bare.rule] += 1
+    assert bare_rules["cache_hit_longest"] >= 3, bare_rules
+
+
+def test_blocks_hashed_without_their_adapter_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vLLM that leaves the adapter out of its block hashes shares one adapter's cached
+    prefix with another's requests: some generated program's log fails `cache_hit_cached`,
+    naming the request that read it."""
+    hashing = importlib.import_module("vllm.v1.core.kv_cache_utils")
+    monkeypatch.setattr(hashing, "_gen_lora_extra_hash_keys", lambda request: [])
+    for program in lora_programs(PROGRAMS, prefix_caching=True):
+        lines: list[str] = []
+        with contextlib.suppress(EngineCoreViolation):
+            lora_log(program, lines)
+        found = check_ar_trace(lines).violation
+        if found is not None:
+            assert found.rule == "cache_hit_cached", found
+            assert "caches other content: the same tokens under " in str(found), found
+            assert "cached blocks are keyed by adapter" in str(found), found
+            return
+    pytest.fail("no program's log caught blocks hashed without their adapter")
 
 
 def more_slots_in_the_pass(sched: Any) -> None:
@@ -228,37 +266,30 @@ def test_seeded_adapter_bugs_are_caught(bug: Callable[[Any], None], rules: tuple
     pytest.fail(f"no program's log caught {bug.__name__}")
 
 
-def test_adapters_the_log_cannot_describe_are_refused() -> None:
+def test_adapters_beside_a_cadence_are_refused() -> None:
     """Beside a prefill cadence (its capacity escape leaves out the requests skipped for
-    their adapter) and with prefix caching (cached blocks keyed by adapter): a ConfigError
-    naming why, and nothing written."""
-    flat = next(lora_programs(1))
-    cached = next(p for p in map(core_program, range(50)) if p.config.enable_prefix_caching)
-    cadence = AdmissionKnobs(prefill_interval=3)
-    for program, admission, field, said in (
-        (flat, cadence, "lora_config", "cadence"),
-        (cached, AdmissionKnobs(), "scheduler", "enable_prefix_caching=True"),
-    ):
-        lines: list[str] = []
-        with pytest.raises(ConfigError) as caught:
-            lora_log(program, lines, admission=admission)
-        assert caught.value.field == field and said in str(caught.value), str(caught.value)
-        assert lines == []
+    their adapter): a ConfigError naming why, and nothing written."""
+    lines: list[str] = []
+    with pytest.raises(ConfigError) as caught:
+        lora_log(next(lora_programs(1)), lines, admission=AdmissionKnobs(prefill_interval=3))
+    assert caught.value.field == "lora_config" and "cadence" in str(caught.value)
+    assert lines == []
 
 
-def tally_lora_logs(count: int, max_loras: int) -> dict[str, int]:
-    """For the by-hand runs of docs/engines/vllm.md: over the first `count` programs without
-    prefix caching, served with LoRA adapters (`max_loras` at once), how many logs conform,
-    how many the twin (vllm-v1) decides alike, and by which rule the logs without their
-    adapters fail."""
+def tally_lora_logs(count: int, max_loras: int, prefix_caching: bool = False) -> dict[str, int]:
+    """For the by-hand runs of docs/engines/vllm.md: over the first `count` programs with
+    prefix caching on or off, served with LoRA adapters (`max_loras` at once), how many logs
+    conform, how many the twin (vllm-v1, or vllm-v1-prefix) decides alike, and by which rule
+    the logs without their adapters fail."""
     tally: Counter[str] = Counter()
+    twin = "vllm-v1-prefix" if prefix_caching else "vllm-v1"
     with tempfile.TemporaryDirectory() as scratch:
-        for program in lora_programs(count):
+        for program in lora_programs(count, prefix_caching):
             lines: list[str] = []
             lora_log(program, lines, max_loras)
             found = check_ar_trace(lines).violation
             tally["conform" if found is None else f"violation: {found.rule}"] += 1
-            code, _ = twin_agrees(lines, Path(scratch))
+            code, _ = twin_agrees(lines, Path(scratch), twin)
             tally["twin decides alike" if code == 0 else f"twin exit {code}"] += 1
             bare = check_ar_trace(without_adapters(lines)).violation
             tally["without adapters: " + ("conform" if bare is None else bare.rule)] += 1

@@ -219,8 +219,7 @@ def loggable(scheduler: Any, v: Any) -> None:
     cannot describe: asynchronous scheduling, more than one batch in flight (pipeline stages),
     a KV cache other than one full-attention group, LoRA adapters beside a prefill cadence
     (its capacity escape leaves out the requests the pass skipped for their adapter, which no
-    event names; with prefix caching `ar_config_of` refuses them: vLLM keys cached blocks by
-    adapter), a KV connector, a multi-module MTP drafter (prefill lookahead past one token),
+    event names), a KV connector, a multi-module MTP drafter (prefill lookahead past one token),
     a drafter `_loggable_drafter` refuses, or other than one sampled token per step (`v`:
     `load_vllm()`'s modules). Speculative decoding by ngram, EAGLE or a draft model is
     logged, the header declaring the drafts (`num_speculative_tokens`), the lookahead slots
@@ -338,10 +337,10 @@ def _loggable_drafter(scheduler: Any, spec: Any) -> None:
 
 #: The request fields that put a vLLM request's block hashes apart from the same tokens' (its
 #: extra hash keys, or hashes of embeddings), with the value each must have under
-#: `longest_cache_hit`.
+#: `longest_cache_hit`. Not `lora_request`: the log names each request's adapter, and the AR
+#: spec keys cached blocks by it as vLLM does.
 HASHED_APART = {
     "cache_salt": "None",
-    "lora_request": "None",
     "mm_features": "empty",
     "prompt_embeds": "None",
 }

@@ -222,10 +222,11 @@ class ArReq:
         return (self.rid, "o", i)
 
     def key(self, k: int, block_size: int) -> ContentKey:
-        """The content key of block k: the chained tokens [0, (k + 1) * block_size)."""
+        """The content key of block k: the chained tokens [0, (k + 1) * block_size), under the
+        request's LoRA adapter (vLLM hashes it into each block)."""
         while len(self.keys) <= k:
             j = len(self.keys)
-            parent: object = self.keys[-1] if self.keys else None
+            parent: object = self.keys[-1] if self.keys else ("lora", self.spec.lora)
             toks = tuple(self.token(i) for i in range(j * block_size, (j + 1) * block_size))
             self.keys.append((parent, toks))
         return self.keys[k]

@@ -108,8 +108,8 @@ class ArConfig:
         max_loras: the most LoRA adapters the running requests use at once (vLLM's
             `max_loras`; 0: no request names one). A waiting request whose adapter none of
             them uses while they use this many cannot be admitted; admission passes over it
-            (`lora_slots`). Not with prefix caching: vLLM keys cached blocks by adapter, which
-            the spec's prefix cache does not model.
+            (`lora_slots`). With prefix caching a block is cached under its request's adapter
+            as vLLM keys it: the same tokens under another adapter are other content.
     """
 
     block_size: int = 4
@@ -153,13 +153,6 @@ class ArConfig:
         _positive("num_lookahead_tokens", self.num_lookahead_tokens, 0, MAX_SMALL)
         _positive("num_drafting_slots", self.num_drafting_slots, 0, MAX_SMALL)
         _positive("max_loras", self.max_loras, 0, MAX_SMALL)
-        if self.max_loras and self.enable_prefix_caching:
-            raise ConfigError(
-                "max_loras",
-                self.max_loras,
-                "0 with enable_prefix_caching=True: vLLM keys cached blocks by LoRA adapter, "
-                "which the AR spec's prefix cache does not model (turn one of them off)",
-            )
         if self.num_drafting_slots >= self.max_num_batched_tokens:
             raise ConfigError(
                 "num_drafting_slots",

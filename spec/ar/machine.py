@@ -236,6 +236,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         # content key -> the blocks cached under it (`_cache` inverted: the longest hit)
         self._cached_as: dict[int, set[int]] = {}
         self._key_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
+        self._adapters_seen: set[int] = {0}  # every submission's LoRA adapter (0: none)
         # (prefix key, the tokens after it) -> key, under `ArPolicy.hash_lookahead_tokens`
         self._ahead_ids: dict[tuple[int, tuple[Token, ...]], int] = {}
         # blocks uncached because their content was never computed -> why (for the messages)
@@ -615,14 +616,35 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         return (r.request_id, "o", i)
 
     def _prefix_key(self, r: _Req, k: int) -> int:
-        """The content key of the request's tokens [0, (k + 1) * block_size)."""
+        """The content key of the request's tokens [0, (k + 1) * block_size) under its LoRA
+        adapter (vLLM hashes a request's adapter into each of its blocks: the same tokens under
+        another adapter, or the base model, are other content)."""
         bs = self.config.block_size
         while len(r.keys) <= k:
             j = len(r.keys)
-            prev = r.keys[-1] if r.keys else -1
+            # negative roots: never equal to a key, which counts up from 0
+            prev = r.keys[-1] if r.keys else -1 - (r.lora or 0)
             toks = tuple(self._token(r, i) for i in range(j * bs, (j + 1) * bs))
             r.keys.append(self._key_ids.setdefault((prev, toks), len(self._key_ids)))
         return r.keys[k]
+
+    def _apart_by_adapter(self, r: _Req, k: int, key: int) -> str:
+        """Where the content key `key` is `r`'s tokens [0, (k + 1) * block_size) under another
+        LoRA adapter than `r`'s (or the base model), words saying so; else ""."""
+        bs = self.config.block_size
+        for lora in sorted(self._adapters_seen - {r.lora or 0}):
+            prev: int | None = -1 - lora
+            for j in range(k + 1):
+                toks = tuple(self._token(r, i) for i in range(j * bs, (j + 1) * bs))
+                prev = self._key_ids.get((prev, toks)) if prev is not None else None
+            if prev == key:
+                theirs = f"LoRA adapter {lora}" if lora else "the base model"
+                ours = f"adapter {r.lora}" if r.lora else "the base model"
+                return (
+                    f": the same tokens under {theirs}, but {r.request_id!r} runs {ours} "
+                    "(cached blocks are keyed by adapter, as vLLM hashes them)"
+                )
+        return ""
 
     def _key(self, r: _Req, k: int) -> int:
         """The cache key of the request's block k: its tokens [0, (k + 1) * block_size), and
@@ -771,6 +793,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             stop_sampled=e.stop_sampled,
         )
         self._requests[e.request_id] = r
+        self._adapters_seen.add(e.lora or 0)
         self._arrivals += 1
         self._waiting.append(e.request_id)
         self._touch(r)
@@ -1034,7 +1057,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     + (
                         f" (or other tokens after it: hash_lookahead_tokens={ahead})"
                         if ahead
-                        else ""
+                        else self._apart_by_adapter(r, k, key)
                     ),
                     e,
                 )

@@ -159,7 +159,8 @@ _AR_RULES: dict[ArRule, str] = {
     "adapters (the base model not counted): a waiting request whose adapter none of them uses "
     "while they use max_loras is not admitted, and every admission rule (FCFS order, policy "
     "key, aging, progress) passes over it, its place in the queue kept (vLLM skips it: "
-    "'Scheduling would exceed max_loras').",
+    "'Scheduling would exceed max_loras'). With prefix caching a block is cached under its "
+    "request's adapter (cache_hit_cached).",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
@@ -186,7 +187,9 @@ _AR_RULES: dict[ArRule, str] = {
     # --- prefix caching
     ArRule.CACHE_HIT_ENABLED: "Cache hits happen only with prefix caching on.",
     ArRule.CACHE_HIT_CACHED: "A cache hit takes cached blocks whose content is the request's own "
-    "prefix, block i holding its tokens up to (i + 1) * block_size (where the engine declares "
+    "prefix, block i holding its tokens up to (i + 1) * block_size under its LoRA adapter (the "
+    "same tokens cached under another adapter, or the base model, are other content, as vLLM "
+    "hashes the adapter into each block) (where the engine declares "
     "hash_lookahead_tokens = L, and its L tokens after them: such a block is cached once they "
     "are known): it never claims a block "
     "that is not cached, or that caches other content. What a request's scheduling cached is "
