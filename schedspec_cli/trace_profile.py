@@ -190,6 +190,9 @@ def twin_runs(
             "check the log without --twin"
         )
     if isinstance(twin, ArTwin) and isinstance(config, ArConfig) and twin.space is not None:
+        most = twin.space.max_loras
+        if most is not None and config.max_loras > most:
+            raise CannotDrive(_no_loras(twin.name, config, f"its space serves at most {most}"))
         bad = twin.space.outside(config)
         if bad is not None:  # as `verify --twin` refuses a twin not covering its configurations
             name, value, declared = bad
@@ -210,15 +213,21 @@ def twin_runs(
             adapter = twin.factory(config, lambda e: None)
             if config.max_loras and not getattr(adapter, "serves_loras", False):
                 raise CannotDrive(
-                    f"the log's requests run LoRA adapters (max_loras={config.max_loras}), "
-                    f"which {twin.name} does not replay (its adapter does not set "
-                    "`serves_loras`; the reference vllm-v1 does): check the log without "
-                    "--twin, or with --twin vllm-v1"
+                    _no_loras(twin.name, config, "its adapter does not set `serves_loras`")
                 )
     except ConfigError as err:
         raise ConfigError(
             "--twin", twin.name, f"a twin that runs the log's configuration ({err})"
         ) from None
+
+
+def _no_loras(twin: str, config: ArConfig, why: str) -> str:
+    """Why `twin` cannot replay a log whose requests run LoRA adapters, in one line."""
+    return (
+        f"the log's requests run LoRA adapters (max_loras={config.max_loras}), which {twin} "
+        f"does not replay ({why}; the reference vllm-v1 serves them): check the log without "
+        "--twin, or with --twin vllm-v1"
+    )
 
 
 __all__ = [

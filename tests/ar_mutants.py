@@ -31,11 +31,37 @@ from reference.ar.vllm_settings import (
     VLLM_V1_CADENCE,
     VLLM_V1_WATERMARK,
 )
-from reference.ar.vllm_v1 import VLLM_033, VllmOptions, VllmV1Scheduler
+from reference.ar.vllm_v1 import VLLM_033, VLLM_V1, VllmOptions, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import ArCacheEvicted, ArFinished, ArFinishReason
-from spec.ar.profile import ArProfile
+from spec.ar.profile import ArConfigSpace, ArProfile
+
+
+class AdmitsOnePerStep(VllmV1Scheduler):
+    """A waiting pass that stops after its first admission, though the next request fits: it
+    admits less than vLLM's pass, which stops only at a request it cannot admit."""
+
+    running_before_pass: int | None = None
+
+    def _schedule_waiting(self, budget: int) -> None:
+        self.running_before_pass = len(self.running)
+        try:
+            super()._schedule_waiting(budget)
+        finally:
+            self.running_before_pass = None
+
+    def _admissible(self) -> list[ArReq]:
+        before = self.running_before_pass
+        return [] if before is not None and len(self.running) > before else super()._admissible()
+
+
+class AdapterSlotsIgnored(VllmV1Scheduler):
+    """Admits a waiting request whatever adapters the running requests use: past
+    `max_loras` (vLLM would skip it: "Scheduling would exceed max_loras")."""
+
+    def _admissible(self) -> list[ArReq]:
+        return [r for r in self.waiting if r.awaiting is None]
 
 
 class AcceptsEndedIds(VllmV1Scheduler):
@@ -753,6 +779,27 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _unwritten(),
             "prefix caching, priority: a request preempted in the step that scheduled it "
             "keeps that step's unwritten blocks cached (vLLM 0.33.0)",
+        ),
+        ArMutant(
+            "admits_one_per_step",
+            "admission_progress",
+            _f(AdmitsOnePerStep),
+            ar_configs(policies=(Policy.FCFS, Policy.PRIORITY), null_block=(True,), max_seqs=4),
+            "a waiting pass that stops after one admission though the next request fits",
+            VLLM_V1.profile,
+        ),
+        ArMutant(
+            "adapter_slots_ignored",
+            "lora_slots",
+            _f(AdapterSlotsIgnored),
+            ar_configs(max_seqs=4, max_loras=(1,)).map(
+                lambda c: c.replace(
+                    max_num_seqs=max(c.max_num_seqs, 2),
+                    max_num_batched_tokens=max(c.max_num_batched_tokens, 2),
+                )
+            ),
+            "admits a request whose adapter finds no room beside the running requests'",
+            ArProfile(space=ArConfigSpace(max_loras=None)),
         ),
         ArMutant(
             "adaptive_floor_over_running",

@@ -10,11 +10,16 @@ import io
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis.stateful import RuleBasedStateMachine
 
+from properties.ar.conformance import ar_conformance_machine
 from properties.ar.harness import ArHarness
+from properties.ar.strategies import ar_configs_in, lora_slot_choices
 from properties.ar.trace_check import check_ar_trace
-from reference.ar.prefix_cache import make_vllm_v1_prefix
-from reference.ar.vllm_v1 import VLLM_033, VllmV1Scheduler
+from properties.verify import run_machine
+from reference.ar.prefix_cache import VLLM_V1_PREFIX, make_vllm_v1_prefix
+from reference.ar.vllm_v1 import VLLM_033, VLLM_V1, VllmV1Scheduler
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, validate_ar_request
 from spec.ar.events import (
@@ -29,9 +34,11 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.machine import ArSpecMachine
-from spec.ar.profile import ArPolicy
+from spec.ar.profile import ArConfigSpace, ArPolicy
 from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, write_ar_trace
 from spec.errors import ConfigError, InvalidRequest
+from spec.implementation import ArImplementation
+from spec.profile import ProfileError
 from spec.trace import TraceFormatError
 from tests.test_ar_awaiting import log_of, verdict
 from tests.test_ar_rules_fire import CFG
@@ -275,3 +282,63 @@ def test_a_bad_adapter_in_a_log_is_a_line_error_and_the_state_shows_adapters() -
     events = a_runs_then(ArScheduled("a", 1), ArBlocksAllocated("b", (2,)), ArScheduled("b", 4))
     _, message = verdict(events, ONE_SLOT)
     assert "b: waiting" in message and " lora=2" in message and " lora=1" in message, message
+
+
+def run_suite(machine: type[RuleBasedStateMachine], examples: int) -> BaseException | None:
+    """The conformance suite `machine` over `examples` examples, derandomized: what it raised
+    (None when every example passed)."""
+    run = settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        stateful_step_count=30,
+        suppress_health_check=list(HealthCheck),
+    )
+    return run_machine(machine, run)[0]
+
+
+def test_the_suite_draws_adapters_where_asked_and_the_space_serves_them() -> None:
+    """`loras=True` draws adapter slots for a space that serves them (half the configurations
+    none); a space that serves none, or the suite not asked, draws none."""
+    lora_space = VLLM_V1.profile.space
+    assert lora_slot_choices(lora_space) == (0, 0, 1, 2)
+    assert lora_slot_choices(ArConfigSpace()) == (0,)
+    assert lora_slot_choices(ArConfigSpace(max_loras=1)) == (0, 0, 1)
+    drawn: set[int] = set()
+
+    @given(ar_configs_in(lora_space, loras=True))
+    @settings(max_examples=60, derandomize=True, database=None)
+    def draw(config: ArConfig) -> None:
+        drawn.add(config.max_loras)
+
+    draw()
+    assert drawn == {0, 1, 2}, drawn
+
+    @given(ar_configs_in(lora_space))
+    @settings(max_examples=30, derandomize=True, database=None)
+    def unasked(config: ArConfig) -> None:
+        assert config.max_loras == 0
+
+    unasked()
+
+
+@pytest.mark.parametrize("implementation", [VLLM_V1, VLLM_V1_PREFIX], ids=["vllm-v1", "prefix"])
+def test_the_reference_twins_conform_with_adapters(implementation: ArImplementation) -> None:
+    """The suite with adapters drawn passes on the reference twins, which serve them."""
+    machine = ar_conformance_machine(
+        implementation.factory, profile=implementation.profile, loras=True
+    )
+    assert run_suite(machine, 120) is None
+
+
+def test_a_space_without_adapters_is_named() -> None:
+    """A configuration with more adapter slots than the space serves is outside it, and a
+    space serving fewer than another does not cover it."""
+    assert ArConfigSpace().outside(ONE_SLOT) == ("max_loras", 1, "at most 0 (0: no LoRA adapter)")
+    assert VLLM_V1.profile.space.outside(ONE_SLOT) is None
+    assert ArConfigSpace(max_loras=1).uncovered(ArConfigSpace(max_loras=None)) == (
+        "max_loras any (this space: at most 1)"
+    )
+    with pytest.raises(ProfileError, match=r"space\.max_loras"):
+        ArConfigSpace(max_loras=-1)

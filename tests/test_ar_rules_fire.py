@@ -161,6 +161,17 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
         ],
         CACHING,
     ),
+    "admission_progress": (
+        # b (3 tokens, one block) waits through step 0 beside a though it fits whole
+        [
+            ArSubmitted("a", 3, 2),
+            ArSubmitted("b", 3, 2),
+            ArBlocksAllocated("a", (1,)),
+            ArScheduled("a", 3),
+            ArStepEnd(0),
+        ],
+        CFG,
+    ),
     "static_batch": (
         # b is admitted while a, of the batch of step 0, still runs
         [*STEP_0, ArSubmitted("b", 4, 2), ArBlocksAllocated("b", (2,)), ArScheduled("b", 4)],
@@ -171,6 +182,7 @@ CASES: dict[str, tuple[list[ArEvent], ArConfig]] = {
 POLICIES: dict[str, ArPolicy] = {
     "static_batch": STATIC,
     "cache_hit_longest": ArPolicy(longest_cache_hit=True),
+    "admission_progress": ArPolicy(admission_progress=True),
 }
 
 

@@ -38,6 +38,7 @@ from spec.ar.config import ArConfig, ArRequest
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.test_real_vllm_event_log_lookahead import checked_logs
+from tests.test_real_vllm_event_log_lora import undeclared_progress
 from tests.test_real_vllm_structured import LATE
 from tests.vllm_seeded_bugs import (
     blocked_grammar_stops_the_pass,
@@ -53,8 +54,9 @@ from tests.vllm_seeded_bugs import (
 #: request guided, each grammar compiling 0 to 3 engine steps late or (one in six) failing.
 CORE_SEEDS = range(10)
 NEXT_TURN_SEEDS = range(5)
-#: What the admission rules say of a log whose awaiting requests are not marked.
-ADMISSION_RULES = {"fcfs_admission", "policy_admission", "progress"}
+#: What the admission rules say of a log whose awaiting requests are not marked (vLLM passed
+#: over a request, or left it waiting, that the log says it could admit).
+ADMISSION_RULES = {"fcfs_admission", "policy_admission", "progress", "admission_progress"}
 
 
 @pytest.fixture(autouse=True)
@@ -273,16 +275,21 @@ def test_the_twin_replays_awaiting_requests_and_catches_a_pass_that_stops_at_one
 ) -> None:
     """The reference vllm-v1 holds an awaiting request back as vLLM does, so `--twin` replays
     late-grammar logs and decides alike. vLLM stopping its pass at a request whose grammar
-    still compiles leaves b waiting 3 steps though it fits: no admission-order rule sees that
-    (the log conforms), the twin, which admits b in the step it arrives, does."""
+    still compiles leaves b waiting 3 steps though it fits: the log fails
+    `admission_progress` (the log declares it, as vLLM's pass goes on past such a request)
+    naming the request passed over; undeclared, the log conforms and the twin, which admits
+    b in the step it arrives, differs."""
     for bug in (None, blocked_grammar_stops_the_pass):
         lines: list[str] = []
         late_grammar_log(BEHIND, lines, draw=lambda rid: (4 if rid == "a" else 0, False), bug=bug)
-        assert check_ar_trace(lines).violation is None
-        code, said = twin_verdict(lines, tmp_path)
+        found = check_ar_trace(lines).violation
+        code, said = twin_verdict(undeclared_progress(lines), tmp_path)
         if bug is None:
+            assert found is None
             assert code == 0 and "its twin vllm-v1 decides alike" in said, said
         else:
+            assert found is not None and found.rule == "admission_progress", found
+            assert "left 'b' waiting" in str(found) and "'a', awaiting its grammar" in str(found)
             assert code == 1 and "[twin_decisions]" in said and "'b'" in said, said
     for seed in CORE_SEEDS:  # generated programs: the twin decides alike
         lines = []

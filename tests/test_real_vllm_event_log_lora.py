@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from integrations.vllm import MANIFEST
+from integrations.vllm import MANIFEST, REAL_VLLM, REAL_VLLM_PROFILE
 from integrations.vllm.adapter import adapter_of
 from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.engine_core import (
@@ -31,14 +32,22 @@ from integrations.vllm.engine_core import (
 )
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.lora_rules import waits_for_adapter
+from properties.ar.conformance import ar_conformance_machine
 from properties.ar.trace_check import check_ar_trace
+from reference.ar.vllm_v1 import VLLM_V1
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
+from tests.test_ar_lora import run_suite
 from tests.test_twin_settings import check
 from tests.tier import depth
 
 PROGRAMS = int(os.environ.get("SCHEDSPEC_VLLM_PROGRAMS", depth(20, 80)))
 ADAPTERS = 3  # the programs' requests run adapters 1..3 and the base model in turn
+#: Examples of the AR suite with adapters drawn on real vLLM.
+SUITE_EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", depth(40, 150)))
+#: What the admission rules say of a log without its adapters: vLLM passed over a request, or
+#: left it waiting, that the log says it could admit.
+BARE_RULES = ("fcfs_admission", "policy_admission", "admission_progress")
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +104,14 @@ def without_adapters(lines: list[str]) -> list[str]:
     return out
 
 
+def undeclared_progress(lines: list[str]) -> list[str]:
+    """The log with its header no longer declaring `admission_progress`: what only a twin
+    then finds of a pass that stops early."""
+    header = json.loads(lines[0])
+    del header["declared_policy"]["admission_progress"]
+    return [json.dumps(header), *lines[1:]]
+
+
 def twin_agrees(lines: list[str], tmp_path: Path, twin: str = "vllm-v1") -> tuple[int, str]:
     """`check-trace LOG --twin TWIN`: its exit code and what it printed."""
     path = tmp_path / "log.jsonl"
@@ -117,7 +134,7 @@ def test_generated_programs_conform_and_decide_as_the_twin(max_loras: int, tmp_p
         assert code == 0, said
         bare = check_ar_trace(without_adapters(lines)).violation
         if bare is not None:
-            assert bare.rule in ("fcfs_admission", "policy_admission"), bare
+            assert bare.rule in BARE_RULES, bare
             bare_fails += 1
     if max_loras == 1:
         assert bare_fails >= 3, bare_fails
@@ -226,28 +243,35 @@ def stops_at_a_blocked_adapter(sched: Any) -> None:
     sched._handle_blocked_waiting_request = handle
 
 
-def test_a_pass_that_stops_at_a_blocked_adapter_is_caught_by_the_twin_only(
-    tmp_path: Path,
-) -> None:
-    """No admission rule asks the pass to go on past a request it may pass over: the log of a
-    vLLM that stops there conforms, and the twin (which admits the request behind it when it
-    fits, as vLLM does) finds the step."""
+def test_a_pass_that_stops_at_a_blocked_adapter_is_caught(tmp_path: Path) -> None:
+    """vLLM's pass goes on past a request whose adapter finds no room, and the log declares
+    it (`admission_progress`): a vLLM that stops there instead fails that rule on several
+    programs, naming the request it stopped at, wherever the next request fits whole; the
+    twin (which admits the request behind it when it fits at all) finds such steps too, in
+    the logs undeclared."""
+    by_spec = by_twin = 0
     for program in lora_programs(PROGRAMS):
         lines: list[str] = []
         lora_log(program, lines, bug=stops_at_a_blocked_adapter)
-        assert check_ar_trace(lines).violation is None
-        code, said = twin_agrees(lines, tmp_path)
+        found = check_ar_trace(lines).violation
+        if found is not None:
+            assert found.rule == "admission_progress", found
+            assert re.search(r"\(past 'r\d+', whose adapter \d finds no room[;)]", str(found)), (
+                found
+            )
+            by_spec += 1
+        code, said = twin_agrees(undeclared_progress(lines), tmp_path)
         if code:
             assert "[twin_decisions] against vllm-v1: step " in said, said
-            return
-    pytest.fail("no program's log showed the pass stopping at a blocked adapter")
+            by_twin += 1
+    assert by_spec >= 3 and by_twin >= 1, (by_spec, by_twin)
 
 
 @pytest.mark.parametrize(
     ("bug", "rules"),
     [
         (more_slots_in_the_pass, ("lora_slots",)),
-        (skips_a_running_adapter, ("fcfs_admission", "policy_admission")),
+        (skips_a_running_adapter, BARE_RULES),
         (requeues_skipped_last, ("fcfs_admission", "policy_admission")),
     ],
     ids=["more-slots", "skips-a-running-adapter", "requeues-skipped-last"],
@@ -294,3 +318,18 @@ def tally_lora_logs(count: int, max_loras: int, prefix_caching: bool = False) ->
             bare = check_ar_trace(without_adapters(lines)).violation
             tally["without adapters: " + ("conform" if bare is None else bare.rule)] += 1
     return dict(tally)
+
+
+def test_the_suite_with_adapters_passes_on_real_vllm_beside_its_twin() -> None:
+    """The AR suite draws adapter slots and each request's adapter (`loras=True`) for
+    real-vllm, whose adapter hands them to vLLM (`LoRAConfig(max_loras)`, a `LoRARequest` per
+    request): every example conforms, `lora_slots` and `admission_progress` included, and the
+    vllm-v1 twin decides alike."""
+    machine = ar_conformance_machine(
+        REAL_VLLM.factory,
+        profile=REAL_VLLM_PROFILE,
+        loras=True,
+        twin=VLLM_V1.factory,
+        twin_policy=VLLM_V1.profile.policy,
+    )
+    assert run_suite(machine, SUITE_EXAMPLES) is None

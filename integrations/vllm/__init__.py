@@ -70,7 +70,9 @@ from spec.implementation import ArImplementation
 if TYPE_CHECKING:
     from spec.ar.adapter import ArSchedulerAdapter
 
-VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
+VLLM_POLICY = ArPolicy(
+    lone_request_threshold_exempt=True, full_sequence_admission=True, admission_progress=True
+)
 
 #: The watermark `real-vllm-watermark` gives vLLM (`SchedulerConfig.watermark`, 0 by default):
 #: a quarter of the pool, so that it binds in the suite's small pools.
@@ -90,6 +92,7 @@ REAL_VLLM_PROFILE = ArProfile(
         policies=frozenset({Policy.FCFS, Policy.PRIORITY}),
         null_block=frozenset({True}),
         prefix_caching=frozenset({False}),
+        max_loras=None,
     ),
     policy=VLLM_POLICY,
 )
@@ -108,9 +111,11 @@ REAL_VLLM_PREFIX_PROFILE = ArProfile(
         null_block=frozenset({True}),
         prefix_caching=frozenset({True}),
         cache_read_limits=VLLM_CACHE_READ_LIMITS,
+        max_loras=None,
     ),
-    # the adapter's requests carry no cache salt, LoRA adapter or multimodal input: vLLM's
-    # blocks hash by their tokens alone, and its lookup takes the longest cached prefix
+    # the adapter's requests carry no cache salt or multimodal input: vLLM's blocks hash by
+    # their tokens and LoRA adapter alone (the spec keys both), and its lookup takes the
+    # longest cached prefix
     policy=dataclasses.replace(VLLM_POLICY, longest_cache_hit=True),
 )
 

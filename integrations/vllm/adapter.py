@@ -329,6 +329,8 @@ class RealVllmScheduler:
     `kv_role` (`KV_ROLES`), whose worker side `integrations.vllm.engine_core` runs."""
 
     name = "real-vllm"
+    #: It runs each request's LoRA adapter where the AR config serves them (`max_loras`).
+    serves_loras = True
     #: vLLM's request block hasher with prefix caching or a KV connector (as `EngineCore`
     #: sets one), else None (set by `_build`)
     hasher: Any
@@ -492,11 +494,21 @@ class RealVllmScheduler:
         #: Each request's `kv_cache_report_mode` (its sampling params' `extra_args`).
         self.kv_report_mode: str = kv_report_mode
         check_loras(loras, max_loras)
+        if loras and config.max_loras:
+            raise ConfigError(
+                "loras",
+                loras,
+                f"0 where the AR config serves adapters itself (max_loras={config.max_loras}: "
+                "each request names its own, ArRequest.lora)",
+            )
         #: LoRA adapters served (`lora_of`: request i runs adapter i mod (loras + 1), 0 being
         #: the base model), at most `max_loras` of them among the running requests (vLLM's
         #: `LoRAConfig`; no LoRA config at 0).
         self.loras: int = loras
         self.max_loras: int = max_loras
+        #: vLLM's adapter slots: the AR config's `max_loras`, where it declares them (each
+        #: request then runs its `ArRequest.lora`), else `max_loras` beside `loras`, else 0.
+        self.lora_slots: int = config.max_loras or (max_loras if loras else 0)
         #: The connector's role: "kv_both" (it loads and sends) or "kv_producer" (it sends).
         self.kv_role: str = kv_role
         #: guided request id -> the output index of its reasoning end in its current turn
@@ -573,8 +585,8 @@ class RealVllmScheduler:
                 ),
                 speculative_config=self._speculative_config(model_config),
                 lora_config=(
-                    cfg.LoRAConfig(max_loras=self.max_loras, max_lora_rank=8)
-                    if self.loras
+                    cfg.LoRAConfig(max_loras=self.lora_slots, max_lora_rank=8)
+                    if self.lora_slots
                     else None
                 ),
                 kv_events_config=(
@@ -741,7 +753,7 @@ class RealVllmScheduler:
             ),
             **cache_read_params(limit),
         )
-        adapter = lora_of(self.arrivals, self.loras)
+        adapter = lora_of(self.arrivals, self.loras) if self.loras else (request.lora or 0)
         req = self.v.request.Request(
             request_id=rid,
             prompt_token_ids=prompt,
@@ -782,6 +794,7 @@ class RealVllmScheduler:
                 prompt=s.prompt,
                 # as vLLM's request holds it: the harness checks it is the one asked for
                 cache_read_limit=cache_read_limit(req),
+                lora=s.lora,
             )
         )
 

@@ -39,6 +39,7 @@ from properties.ar.strategies import (
     ar_configs_in,
     cache_read_limits,
     prompts,
+    request_loras,
     request_sizes,
 )
 from properties.conformance_base import ConformanceBase, StepCounter
@@ -59,6 +60,7 @@ def ar_conformance_machine(
     name: str = "ArConformance",
     twin: ArImplementationFactory | None = None,
     twin_policy: ArPolicy | None = None,
+    loras: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class checking `factory`'s AR implementation against the AR spec, under
     `profile` (default: the idealised spec, every configuration).
@@ -68,6 +70,10 @@ def ar_conformance_machine(
         example's operations run through it and must decide exactly alike, step by step (rule
         `twin_decisions`, `properties.ar.decisions`); it is checked against the spec under
         `twin_policy` (None: the twin adapter's own rules).
+    loras: draw LoRA adapter slots too, where `profile.space` serves adapters (`max_loras`):
+        half the configurations get one or two slots, and their requests one of three
+        adapters or the base model (rule `lora_slots`). Off by default, so that the examples
+        of every other suite are drawn as before.
     """
     prof = profile if profile is not None else ArProfile()
     space = prof.space
@@ -76,7 +82,7 @@ def ar_conformance_machine(
     elif space == ArConfigSpace():
         config_strategy = ar_configs(policies=DEFAULT_POLICIES)
     else:
-        config_strategy = ar_configs_in(space)
+        config_strategy = ar_configs_in(space, loras=loras)
     step_counter = counter or StepCounter()
 
     class ArConformance(ConformanceBase[ArHarness]):
@@ -119,6 +125,7 @@ def ar_conformance_machine(
                     limit = data.draw(
                         cache_read_limits(prompt_len, space.cache_read_limits), "cache_read_limit"
                     )
+            lora = data.draw(request_loras(), "lora") if config.max_loras else None
             rid = self.new_id()
             return ArRequest(
                 rid,
@@ -127,6 +134,7 @@ def ar_conformance_machine(
                 arrival_time=float(self.next_id),
                 prompt=prompt,
                 cache_read_limit=limit,
+                lora=lora,
                 **kw,  # type: ignore[arg-type]
             )
 

@@ -25,11 +25,14 @@ def ar_configs(
     replicas: tuple[int, ...] = (1,),
     prefix_caching: tuple[bool, ...] = (False,),
     null_block: tuple[bool, ...] = (False, True),
+    max_loras: tuple[int, ...] = (0,),
 ) -> ArConfig:
     """An AR configuration: `max_model_len` 4..24, 1..`max_seqs` seats, a token budget of at
     least the seat count (and `max_model_len` without chunked prefill) up to twice
     `max_model_len`, a pool from one request's most blocks to about twice that (plus the null
-    block when reserved); every other option drawn from the choices given for it."""
+    block when reserved); every other option drawn from the choices given for it (LoRA
+    adapter slots, `max_loras`, drawn last and only where there is a choice, so that the
+    examples without them are drawn as before)."""
     bs = draw(block_sizes if block_sizes is not None else st.sampled_from([1, 1, 2, 3, 4]))
     max_model_len = draw(st.integers(4, 24))
     chunk = draw(st.sampled_from(chunked))
@@ -58,13 +61,18 @@ def ar_configs(
         num_stages=draw(st.sampled_from(stages)),
         num_replicas=draw(st.sampled_from(replicas)),
         enable_prefix_caching=draw(st.sampled_from(prefix_caching)),
+        max_loras=draw(st.sampled_from(max_loras)) if max_loras != (0,) else 0,
     )
 
 
 def ar_configs_in(
-    space: ArConfigSpace, max_seqs: int = 4, replicas: tuple[int, ...] = (1,)
+    space: ArConfigSpace,
+    max_seqs: int = 4,
+    replicas: tuple[int, ...] = (1,),
+    loras: bool = False,
 ) -> st.SearchStrategy[ArConfig]:
-    """Configurations inside an implementation's declared space (only there)."""
+    """Configurations inside an implementation's declared space (only there); with `loras`,
+    LoRA adapter slots too (`lora_slot_choices`), where the space serves adapters."""
     sizes = st.sampled_from(sorted(space.block_sizes)) if space.block_sizes is not None else None
     stages = tuple(sorted(space.stages)) if space.stages is not None else (1, 2)
     base = ar_configs(
@@ -77,6 +85,7 @@ def ar_configs_in(
         replicas=replicas,
         prefix_caching=tuple(sorted(space.prefix_caching)),
         null_block=tuple(sorted(space.null_block)),
+        max_loras=lora_slot_choices(space) if loras else (0,),
     )
     if space.pool_holds_max_model_len:
         base = base.map(
@@ -87,6 +96,19 @@ def ar_configs_in(
             )
         )
     return base.filter(lambda c: space.outside(c) is None)
+
+
+def lora_slot_choices(space: ArConfigSpace) -> tuple[int, ...]:
+    """The `max_loras` values drawn for `space`: none half the time, else one or two slots,
+    within what it serves (only 0 where it serves no adapter)."""
+    most = 2 if space.max_loras is None else min(space.max_loras, 2)
+    return (0, 0, *range(1, most + 1)) if most else (0,)
+
+
+def request_loras() -> st.SearchStrategy[int | None]:
+    """A request's LoRA adapter where the configuration serves them: the base model or one
+    of three adapters (more than the slots drawn, so that some wait for room)."""
+    return st.none() | st.integers(1, 3)
 
 
 @st.composite

@@ -128,9 +128,15 @@ VLLM_V1_PREFIX = ArImplementation(
     make_vllm_v1_prefix,
     ArProfile(
         space=ArConfigSpace(
-            prefix_caching=frozenset({True}), cache_read_limits=CacheReadLimits.BOUNDED
+            prefix_caching=frozenset({True}),
+            cache_read_limits=CacheReadLimits.BOUNDED,
+            max_loras=None,
         ),
-        policy=ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True),
+        policy=ArPolicy(
+            lone_request_threshold_exempt=True,
+            full_sequence_admission=True,
+            admission_progress=True,
+        ),
     ),
     "the reference vLLM-v1-style scheduler with prefix caching (shared, reference-counted "
     "blocks; cache hits at admission; vLLM's eviction order) and vLLM 0.33.0's options; "

@@ -68,7 +68,9 @@ VLLM_034_CACHE_AWARE = dataclasses.replace(
 )
 
 #: What vLLM 0.33.0 declares with its defaults (as `vllm-v1-prefix`).
-_VLLM_POLICY = ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True)
+_VLLM_POLICY = ArPolicy(
+    lone_request_threshold_exempt=True, full_sequence_admission=True, admission_progress=True
+)
 
 
 #: The vLLM options each reference twin's factory runs, for `with_vllm_settings`: `vllm-v1`'s
@@ -143,7 +145,8 @@ def _variant(
     cache_read_limits: CacheReadLimits = CacheReadLimits.NONE,
 ) -> ArImplementation:
     """The reference with `options`, prefix caching off or on, declaring `policy` (and the
-    per-request cache read limits `cache_read_limits`, which it always honours)."""
+    per-request cache read limits `cache_read_limits`, which it always honours), serving
+    LoRA adapters unless it runs a prefill cadence."""
 
     def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return PrefixCachingVllmV1(config, sink, options)
@@ -154,6 +157,8 @@ def _variant(
         policies=frozenset(Policy) if policies is None else policies,
         prefix_caching=both,
         cache_read_limits=cache_read_limits,
+        # LoRA adapters, but not beside a cadence (the spec refuses them there)
+        max_loras=None if options.prefill_interval <= 1 else 0,
     )
     return ArImplementation(
         factory,

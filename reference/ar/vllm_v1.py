@@ -417,8 +417,12 @@ def make_vllm_v1_033(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
 VLLM_V1 = ArImplementation(
     make_vllm_v1_033,
     ArProfile(
-        space=ArConfigSpace(prefix_caching=frozenset({False})),
-        policy=ArPolicy(lone_request_threshold_exempt=True, full_sequence_admission=True),
+        space=ArConfigSpace(prefix_caching=frozenset({False}), max_loras=None),
+        policy=ArPolicy(
+            lone_request_threshold_exempt=True,
+            full_sequence_admission=True,
+            admission_progress=True,
+        ),
     ),
     "the reference vLLM-v1-style scheduler with vLLM 0.33.0's options (full-sequence admission "
     "gate, lone-request threshold exemption, priority victim among all running requests); "

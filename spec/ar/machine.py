@@ -1310,6 +1310,83 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                     e,
                 )
 
+    def _progress_applies(self) -> bool:
+        """Whether `admission_progress` is asked of this step: declared, under FCFS or
+        priority without the rules that let a pass stop early (a cadence, a look-ahead, static
+        batches, aging, a token cap, soft preemption), unpaused, and nothing preempted."""
+        rules = self.rules
+        return (
+            self.policy.admission_progress
+            and self.policy.prefill_interval <= 1
+            and rules.admission in (AdmissionOrder.FCFS, AdmissionOrder.PRIORITY)
+            and rules.token_budget
+            and not (rules.static_batches or rules.soft_preemption)
+            and rules.fcfs_lookahead is None
+            and rules.max_wait_steps is None
+            and rules.token_cap is None
+            and self._pause == "unpaused"
+            and not self._step.preempted
+        )
+
+    def _check_admission_progress(self, e: ArStepEnd, total: int) -> None:
+        """`admission_progress` (declared): the step's schedule phase ends (`total` tokens
+        scheduled, drafts included); the first waiting request the admission rules allow is
+        still waiting only where it does not fit whole."""
+        cfg = self.config
+        if len(self._running) >= cfg.max_num_seqs or not self._waiting:
+            return
+        if not self._progress_applies():
+            return
+        queue = self._admissible()
+        if not queue:
+            return
+        by_key = self.rules.admission is AdmissionOrder.PRIORITY
+        place = {q: i for i, q in enumerate(self._waiting)}
+
+        def order(q: str) -> tuple[int, int]:  # the pass's order: the queue's, or the key's
+            return admission_key(self.rules, self._requests[q]) if by_key else (0, place[q])
+
+        queue.sort(key=order)
+        r = self._requests[queue[0]]
+        rows = cfg.num_drafting_slots
+        left = cfg.max_num_batched_tokens - total - rows * len(self._step.scheduled)
+        # vLLM may pad a one-token request to a draft's length (its blocks then cover the
+        # drafts too), and adds a drafter's rows and lookahead slots
+        tokens = r.known + cfg.num_speculative_tokens + rows
+        slots = r.known + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
+        blocks = cfg.blocks_for(min(slots, cfg.max_model_len))
+        mark = self._binding_watermark()
+        free = self.free_blocks
+        if tokens > left or blocks + mark > free:
+            return
+        passed = sorted(
+            (q for q in self._waiting if q not in queue and order(q) < order(queue[0])), key=order
+        )
+        over = f" (past {self._passed_over(passed)})" if passed else ""
+        above = f" above the watermark ({mark})" if mark else ""
+        raise self._fail(
+            ArRule.ADMISSION_PROGRESS,
+            f"step {self._step.index} left {r.request_id!r} waiting, the first request the "
+            f"admission rules allow{over}, though it fits whole: a seat free "
+            f"({len(self._running)} of {cfg.max_num_seqs} running), its {tokens} token(s) "
+            f"within the {left} left of the budget, its {blocks} block(s) within the {free} "
+            f"free{above}: a pass that stops only at a request it cannot admit admits it",
+            e,
+        )
+
+    def _passed_over(self, rids: list[str]) -> str:
+        """The waiting requests `rids` an admission pass passes over, each with why."""
+        said = []
+        for q in rids:
+            r = self._requests[q]
+            if r.awaiting is not None:
+                said.append(f"{q!r}, awaiting its {r.awaiting}")
+            elif r.lora is not None and self._adapter_blocked(r):
+                said.append(f"{q!r}, whose adapter {r.lora} finds no room")
+            else:
+                said.append(repr(q))
+        return "; ".join(said)
+
     def _check_soft_preemption_admission(self, r: _Req, e: ArEvent) -> None:
         """soft_preemption: a step that preempted gives a waiting request nothing."""
         st = self._step
@@ -1653,6 +1730,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 + (f" ({awaiting} of them awaiting)" if awaiting else ""),
                 e,
             )
+        self._check_admission_progress(e, total)
         if (
             rules.token_floor
             and len(self._running) <= cfg.max_num_batched_tokens

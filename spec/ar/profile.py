@@ -54,6 +54,9 @@ class ArConfigSpace:
     stages: the `num_stages` values it steps itself (None = any).
     cache_read_limits: the per-request cache read limits it honours (`CacheReadLimits`; with
         prefix caching only: a request then carries one now and then).
+    max_loras: the largest `max_loras` it serves (0: no LoRA adapter; None: any). Asked
+        for (`ar_conformance_machine(..., loras=True)`), the strategies draw 0 to min(this, 2)
+        adapter slots, and requests of adapters 1 to 3 or the base model.
     """
 
     policies: frozenset[Policy] = frozenset(Policy)
@@ -66,6 +69,7 @@ class ArConfigSpace:
     pool_spare_tokens: int = 0
     stages: frozenset[int] | None = frozenset({1})
     cache_read_limits: CacheReadLimits = CacheReadLimits.NONE
+    max_loras: int | None = 0
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -75,6 +79,13 @@ class ArConfigSpace:
                 raise ProfileError(f"space.{name}", "{}", "a non-empty subset of {False, True}")
         if self.stages is not None and (not self.stages or any(n < 1 for n in self.stages)):
             raise ProfileError("space.stages", sorted(self.stages), "positive integers or None")
+        loras = self.max_loras
+        if loras is not None and (
+            isinstance(loras, bool) or not isinstance(loras, int) or loras < 0
+        ):
+            raise ProfileError(
+                "space.max_loras", loras, "an integer >= 0 (0: no LoRA adapter) or None (any)"
+            )
         spare = self.pool_spare_tokens
         if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
             raise ProfileError("space.pool_spare_tokens", spare, "an integer >= 0")
@@ -126,6 +137,8 @@ class ArConfigSpace:
             )
         if self.stages is not None and config.num_stages not in self.stages:
             return ("num_stages", config.num_stages, _names(map(str, self.stages)))
+        if self.max_loras is not None and config.max_loras > self.max_loras:
+            return ("max_loras", config.max_loras, f"at most {self.max_loras} (0: no LoRA adapter)")
         return None
 
     def uncovered(self, other: ArConfigSpace) -> str | None:
@@ -152,6 +165,11 @@ class ArConfigSpace:
                 return f"{name}={_names(map(str, theirs_set - mine))}"
         if other.long_prefill_threshold and not self.long_prefill_threshold:
             return "long_prefill_token_threshold other than 0"
+        if self.max_loras is not None and (
+            other.max_loras is None or other.max_loras > self.max_loras
+        ):
+            theirs = "any" if other.max_loras is None else f"up to {other.max_loras}"
+            return f"max_loras {theirs} (this space: at most {self.max_loras})"
         if self.pool_holds_max_model_len and (
             not other.pool_holds_max_model_len or other.pool_spare_tokens < self.pool_spare_tokens
         ):
@@ -257,9 +275,19 @@ class ArPolicy:
     longest_cache_hit: with prefix caching, a request admitted from the queue takes the longest
         run of cached blocks holding its prefix, within what it may read (vLLM's
         `find_longest_cache_hit` over one full-attention group, blocks hashed by their tokens
-        alone: no cache salt, LoRA adapter or multimodal input in any request; not beside an
+        and LoRA adapter alone: no cache salt or multimodal input in any request; not beside an
         EAGLE drafter that drops a hit's last block, `disable_lookahead_block_hashes`). Rule
         `cache_hit_longest`: a hit shorter than that (or none) is a prefix cache that missed.
+    admission_progress: the admission pass stops only at a request it cannot admit (vLLM's
+        waiting loop: it `break`s only for a full batch, an exhausted budget or blocks that do
+        not fit, and passes over, `continue`, only requests it may not admit yet). A step
+        that preempted nothing, unpaused, ends with no waiting request the admission rules
+        allow that fits whole: a free seat, the budget left covers all its known tokens (and
+        a drafter's extra tokens and rows), the free blocks cover them above the binding
+        watermark. Under FCFS or priority only, and not beside a prefill cadence, a
+        look-ahead, static batches, aging, token caps or soft preemption. Rule
+        `admission_progress`: it catches a pass that stops at a request it passes over
+        (awaiting, or its adapter finds no room) and a pass that admits less than fits.
     """
 
     rules: ArRules | None = None
@@ -276,6 +304,7 @@ class ArPolicy:
     cache_aware_threshold: float = 0.5
     hash_lookahead_tokens: int = 0
     longest_cache_hit: bool = False
+    admission_progress: bool = False
 
     def __post_init__(self) -> None:
         if self.rules is not None and not isinstance(self.rules, ArRules):
@@ -291,6 +320,7 @@ class ArPolicy:
             "watermark_of_pool",
             "watermark_beside_running",
             "longest_cache_hit",
+            "admission_progress",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ProfileError(f"policy.{name}", getattr(self, name), "True or False")

@@ -35,6 +35,7 @@ class ArRule(StrEnum):
     OUTPUT_TOKENS = "output_tokens"
     AWAITING = "awaiting"
     LORA_SLOTS = "lora_slots"
+    ADMISSION_PROGRESS = "admission_progress"
     STEP_ORDER = "step_order"
     KV_COVERS_SCHEDULED = "kv_covers_scheduled"
     KV_COVERS_COMPUTED = "kv_covers_computed"
@@ -161,6 +162,16 @@ _AR_RULES: dict[ArRule, str] = {
     "key, aging, progress) passes over it, its place in the queue kept (vLLM skips it: "
     "'Scheduling would exceed max_loras'). With prefix caching a block is cached under its "
     "request's adapter (cache_hit_cached).",
+    ArRule.ADMISSION_PROGRESS: "Where declared (vLLM's waiting pass, which stops only at a "
+    "request it cannot admit), under FCFS or priority: a step that preempted nothing, "
+    "unpaused, does not end with the first waiting request the admission rules allow (the "
+    "head, or the least policy key, past the requests they pass over: awaiting, or their "
+    "adapter finds no room) still waiting if it fits whole: a seat free, the token budget "
+    "left covers all its known tokens plus num_speculative_tokens (vLLM may pad a one-token "
+    "request to a draft's length) and a drafter's input rows, and the free blocks cover "
+    "those tokens and num_lookahead_tokens more, within max_model_len, above the binding "
+    "watermark. Not checked beside a prefill cadence, a look-ahead, static batches, aging, "
+    "token caps or soft preemption.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "

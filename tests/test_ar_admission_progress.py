@@ -1,0 +1,179 @@
+"""Rule `admission_progress` (declared by vLLM's profiles and logs): an admission pass stops
+only at a request it cannot admit. A step that preempted nothing, unpaused, does not end with
+the first waiting request the admission rules allow still waiting where it fits whole (a
+seat, the budget for all its tokens, the blocks for them above the watermark). It catches a
+pass that stops at a request it passes over (awaiting, adapter-blocked) and one that admits
+less than fits; it asks nothing where the request would fit only in part, nor where the
+rules let a pass stop early."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from properties.ar.harness import ArHarness
+from properties.ar.trace_check import check_ar_trace
+from reference.ar.prefix_cache import make_vllm_v1_prefix
+from reference.ar.vllm_v1 import make_vllm_v1_033
+from spec.ar.adapter import ArImplementationFactory
+from spec.ar.config import ArConfig, ArRequest, ArRules, Policy
+from spec.ar.events import (
+    ArAwaiting,
+    ArBlocksAllocated,
+    ArEvent,
+    ArPauseSet,
+    ArReady,
+    ArScheduled,
+    ArStepEnd,
+    ArSubmitted,
+)
+from spec.ar.profile import ArPolicy
+from tests.test_ar_awaiting import log_of
+from tests.test_ar_rules_fire import CFG
+
+PROGRESS = ArPolicy(admission_progress=True)
+
+
+def verdict(events: Sequence[ArEvent], config: ArConfig = CFG, policy: ArPolicy = PROGRESS) -> str:
+    """The violation the check gives the log of `events` under `policy` ("" where none)."""
+    found = check_ar_trace(log_of(events, config), policy=policy).violation
+    return "" if found is None else str(found)
+
+
+def a_admitted_then(*after: ArEvent, b_tokens: int = 3) -> list[ArEvent]:
+    """a (3 tokens) and b (`b_tokens`) wait; step 0 admits a alone; then `after`."""
+    return [
+        ArSubmitted("a", 3, 2),
+        ArSubmitted("b", b_tokens, 2),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 3),
+        *after,
+        ArStepEnd(0),
+    ]
+
+
+def test_a_request_that_fits_whole_left_waiting_fails() -> None:
+    """b needs 3 tokens of the 5 left and one block of the 7 free: the step that admitted a
+    alone fails, saying what fit; undeclared, the same log conforms."""
+    said = verdict(a_admitted_then())
+    assert said.startswith(
+        "[admission_progress] step 0 left 'b' waiting, the first request the admission rules "
+        "allow, though it fits whole: a seat free (1 of 2 running), its 3 token(s) within the "
+        "5 left of the budget, its 1 block(s) within the 7 free"
+    ), said
+    assert verdict(a_admitted_then(), policy=ArPolicy()) == ""
+    admitted = a_admitted_then(ArBlocksAllocated("b", (2,)), ArScheduled("b", 3))
+    assert verdict(admitted) == ""
+
+
+def test_a_request_that_fits_only_in_part_may_wait() -> None:
+    """b's 6 tokens exceed the 5 left of the budget (a chunk would fit: the rule asks only a
+    whole fit); with one seat, or a watermark b's block would break (7 of the 8 usable
+    blocks), nothing is asked."""
+    assert verdict(a_admitted_then(b_tokens=6)) == ""
+    assert verdict(a_admitted_then(), CFG.replace(max_num_seqs=1)) == ""
+    watermark = ArPolicy(admission_progress=True, watermark_fraction=0.9)
+    assert verdict(a_admitted_then(), policy=watermark) == ""
+
+
+def test_a_pass_that_stops_at_an_awaiting_request_fails_naming_it() -> None:
+    """Three seats. c runs; a awaits its grammar: b behind it fits, and a pass that stops at
+    a leaves it waiting. Once a is ready, a pass that schedules b alone leaves a, the head,
+    waiting: that fails too."""
+    events: list[ArEvent] = [
+        ArSubmitted("c", 3, 5),
+        ArBlocksAllocated("c", (1,)),
+        ArScheduled("c", 3),
+        ArStepEnd(0),
+        ArSubmitted("a", 3, 2),
+        ArAwaiting("a", "grammar"),
+        ArSubmitted("b", 3, 2),
+        ArScheduled("c", 1),
+    ]
+    seats = CFG.replace(max_num_seqs=3)
+    said = verdict([*events, ArStepEnd(1)], seats)
+    assert "step 1 left 'b' waiting" in said, said
+    assert "(past 'a', awaiting its grammar)" in said, said
+    ready = [*events, ArBlocksAllocated("b", (2,)), ArScheduled("b", 3), ArStepEnd(1)]
+    assert verdict(ready, seats) == ""
+    later = [*ready, ArReady("a"), ArScheduled("b", 1), ArStepEnd(2)]
+    assert "step 2 left 'a' waiting" in verdict(later, seats)
+
+
+def test_lora_a_pass_that_stops_at_a_blocked_adapter_fails_naming_it() -> None:
+    """One adapter slot: a (adapter 1) runs, b (adapter 2) finds no room, c (the base model)
+    fits: a step that leaves c waiting fails, naming b and why."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 3, 2, lora=1),
+        ArSubmitted("b", 3, 2, lora=2),
+        ArSubmitted("c", 3, 2),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 3),
+        ArStepEnd(0),
+    ]
+    said = verdict(events, CFG.replace(max_loras=1, max_num_seqs=3))
+    assert "left 'c' waiting" in said and "(past 'b', whose adapter 2 finds no room)" in said
+
+
+def test_under_priority_the_least_key_is_asked() -> None:
+    """b (priority 0) ranks before a (priority 1) and c: b left waiting fails; b admitted, a
+    left waiting where it too fits fails next."""
+    config = CFG.replace(policy=Policy.PRIORITY, max_num_seqs=3, max_num_batched_tokens=16)
+    events: list[ArEvent] = [
+        ArSubmitted("a", 3, 2, priority=1),
+        ArSubmitted("b", 3, 2, priority=0),
+        ArSubmitted("c", 3, 2, priority=2),
+        ArBlocksAllocated("b", (1,)),
+        ArScheduled("b", 3),
+        ArStepEnd(0),
+    ]
+    assert "left 'a' waiting" in verdict(events, config)
+    both = [*events[:5], ArBlocksAllocated("a", (2,)), ArScheduled("a", 3), ArStepEnd(0)]
+    assert "left 'c' waiting" in verdict(both, config)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ArPolicy(admission_progress=True, prefill_interval=2),
+        ArPolicy(admission_progress=True, rules=ArRules(fcfs_lookahead=1)),
+        ArPolicy(admission_progress=True, rules=ArRules(static_batches=True)),
+        ArPolicy(admission_progress=True, rules=ArRules(token_cap=2)),
+    ],
+    ids=["cadence", "look-ahead", "static-batches", "token-cap"],
+)
+def test_rules_that_let_a_pass_stop_early_are_not_asked(policy: ArPolicy) -> None:
+    """Beside a cadence, a look-ahead, static batches or a token cap the pass may stop for
+    reasons of its own: nothing is asked."""
+    assert not verdict(a_admitted_then(), policy=policy).startswith("[admission_progress]")
+
+
+def test_a_paused_step_is_not_asked() -> None:
+    """Under paused_new no request is admitted: b waits, and nothing is asked."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 3, 2),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 3),
+        ArStepEnd(0),
+        ArSubmitted("b", 3, 2),
+        ArPauseSet("paused_new"),
+        ArScheduled("a", 1),
+        ArStepEnd(1),
+    ]
+    assert verdict(events) == ""
+    unpaused = [e for e in events if not isinstance(e, ArPauseSet)]
+    assert "step 1 left 'b' waiting" in verdict(unpaused)
+
+
+@pytest.mark.parametrize("factory", [make_vllm_v1_033, make_vllm_v1_prefix])
+def test_the_reference_vllm_twins_keep_it(factory: ArImplementationFactory) -> None:
+    """The reference vLLM schedulers, which declare it, admit every request that fits: a
+    burst of small requests is admitted in one step, checked event by event."""
+    h = ArHarness(factory, CFG, policy=PROGRESS)
+    for rid in ("a", "b", "c"):
+        h.submit(ArRequest(rid, 3, 2))
+    h.step()
+    assert {e.request_id for e in h.events if isinstance(e, ArScheduled)} == {"a", "b"}
+    h.drain()
+    assert h.violation is None, h.violation
