@@ -17,12 +17,13 @@ from properties.ar.trace_check import check_ar_trace
 from reference.ar.prefix_cache import make_vllm_v1_prefix
 from reference.ar.vllm_v1 import make_vllm_v1_033
 from spec.ar.adapter import ArImplementationFactory
-from spec.ar.config import ArConfig, ArRequest, ArRules, Policy
+from spec.ar.config import AdmissionOrder, ArConfig, ArRequest, ArRules, Policy
 from spec.ar.events import (
     ArAwaiting,
     ArBlocksAllocated,
     ArEvent,
     ArPauseSet,
+    ArPreempted,
     ArReady,
     ArScheduled,
     ArStepEnd,
@@ -117,13 +118,13 @@ def test_lora_a_pass_that_stops_at_a_blocked_adapter_fails_naming_it() -> None:
 
 
 def test_under_priority_the_least_key_is_asked() -> None:
-    """b (priority 0) ranks before a (priority 1) and c: b left waiting fails; b admitted, a
-    left waiting where it too fits fails next."""
+    """c (priority 2), a (1) and b (0) arrive in that order: b is admitted; then a, not c
+    ahead of it in the queue, is the request left waiting; with a admitted too, c is."""
     config = CFG.replace(policy=Policy.PRIORITY, max_num_seqs=3, max_num_batched_tokens=16)
     events: list[ArEvent] = [
+        ArSubmitted("c", 3, 2, priority=2),
         ArSubmitted("a", 3, 2, priority=1),
         ArSubmitted("b", 3, 2, priority=0),
-        ArSubmitted("c", 3, 2, priority=2),
         ArBlocksAllocated("b", (1,)),
         ArScheduled("b", 3),
         ArStepEnd(0),
@@ -133,20 +134,69 @@ def test_under_priority_the_least_key_is_asked() -> None:
     assert "left 'c' waiting" in verdict(both, config)
 
 
+def test_lookahead_slots_count_against_the_free_blocks() -> None:
+    """With 2 lookahead slots (and 2 drafts) b's 3 tokens need 7 slots, 2 blocks; 6 are free
+    above a watermark of 5 after a took its 2: b may wait. Without the slots 1 block would
+    do, and b is asked."""
+    config = CFG.replace(num_speculative_tokens=2, num_lookahead_tokens=2)
+    policy = ArPolicy(admission_progress=True, watermark_fraction=0.7)
+    events: list[ArEvent] = [
+        ArSubmitted("a", 3, 2),
+        ArSubmitted("b", 3, 2),
+        ArBlocksAllocated("a", (1, 2)),
+        ArScheduled("a", 3),
+        ArStepEnd(0),
+    ]
+    assert verdict(events, config, policy) == ""
+    assert "left 'b' waiting" in verdict(events, CFG, policy)
+
+
+def test_a_drafters_tokens_and_rows_count_against_the_budget() -> None:
+    """With k drafts vLLM may pad a one-token request to k + 1 tokens, and a draft model adds
+    one input row per scheduled request: b is asked only where the budget left covers its
+    tokens and those too (8 - 3 = 5 left after a)."""
+    assert "left 'b' waiting" in verdict(a_admitted_then(), CFG.replace(num_speculative_tokens=2))
+    assert verdict(a_admitted_then(), CFG.replace(num_speculative_tokens=3)) == ""
+    assert "left 'b' waiting" in verdict(a_admitted_then(b_tokens=4))
+    rows = CFG.replace(num_drafting_slots=1)  # 8 - 3 - 1 = 4 left; b needs 4 and a row
+    assert verdict(a_admitted_then(b_tokens=4), rows) == ""
+
+
+def test_a_step_that_preempted_is_not_asked() -> None:
+    """A step that preempted admits nothing (vLLM): b waits though it fits."""
+    events: list[ArEvent] = [
+        ArSubmitted("a", 3, 4),
+        ArSubmitted("c", 3, 4),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 3),
+        ArBlocksAllocated("c", (2,)),
+        ArScheduled("c", 3),
+        ArStepEnd(0),
+        ArSubmitted("b", 3, 2),
+        ArScheduled("c", 1),
+        ArPreempted("a", (1,)),
+        ArStepEnd(1),
+    ]
+    assert verdict(events, CFG.replace(max_num_seqs=3)) == ""
+
+
 @pytest.mark.parametrize(
     "policy",
     [
         ArPolicy(admission_progress=True, prefill_interval=2),
         ArPolicy(admission_progress=True, rules=ArRules(fcfs_lookahead=1)),
         ArPolicy(admission_progress=True, rules=ArRules(static_batches=True)),
-        ArPolicy(admission_progress=True, rules=ArRules(token_cap=2)),
+        ArPolicy(admission_progress=True, rules=ArRules(token_cap=3)),
+        ArPolicy(admission_progress=True, rules=ArRules(max_wait_steps=3)),
+        ArPolicy(admission_progress=True, rules=ArRules(admission=AdmissionOrder.SJF)),
     ],
-    ids=["cadence", "look-ahead", "static-batches", "token-cap"],
+    ids=["cadence", "look-ahead", "static-batches", "token-cap", "aging", "sjf"],
 )
 def test_rules_that_let_a_pass_stop_early_are_not_asked(policy: ArPolicy) -> None:
-    """Beside a cadence, a look-ahead, static batches or a token cap the pass may stop for
-    reasons of its own: nothing is asked."""
-    assert not verdict(a_admitted_then(), policy=policy).startswith("[admission_progress]")
+    """Beside a cadence, a look-ahead, static batches, a token cap or aging, or under a
+    policy other than FCFS and priority, the pass may stop for reasons of its own: the log
+    that leaves b waiting conforms."""
+    assert verdict(a_admitted_then(), policy=policy) == ""
 
 
 def test_a_paused_step_is_not_asked() -> None:
