@@ -396,8 +396,10 @@ def test_the_twin_replays_an_awaiting_request(tmp_path: Path) -> None:
 
 
 def test_the_twin_catches_a_request_left_waiting_behind_an_awaiting_one(tmp_path: Path) -> None:
-    """x runs; b waits behind a, which awaits, though it fits: the log conforms (no rule asks
-    an admission), and the vllm-v1 twin, which admits b past a, tells the difference."""
+    """x runs; b waits behind a, which awaits, though it fits: the log conforms (the
+    idealised spec asks no admission; `admission_progress`, vLLM's, is not declared here:
+    tests/test_ar_admission_progress.py), and the vllm-v1 twin, which admits b past a, tells
+    the difference."""
     events: list[ArEvent] = [
         ArSubmitted("x", 3, 3),
         ArBlocksAllocated("x", (1,)),
