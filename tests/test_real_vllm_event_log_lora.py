@@ -32,12 +32,14 @@ from integrations.vllm.engine_core import (
 )
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.lora_rules import waits_for_adapter
+from integrations.vllm.settings_034 import Vllm034Settings
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.trace_check import check_ar_trace
 from reference.ar.vllm_v1 import VLLM_V1
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.test_ar_lora import run_suite
+from tests.test_real_vllm_cache_aware import has_the_setting
 from tests.test_twin_settings import check
 from tests.tier import depth
 
@@ -333,3 +335,22 @@ def test_the_suite_with_adapters_passes_on_real_vllm_beside_its_twin() -> None:
         twin_policy=VLLM_V1.profile.policy,
     )
     assert run_suite(machine, SUITE_EXAMPLES) is None
+
+
+def test_the_cache_aware_window_ranks_by_each_adapters_hits(tmp_path: Path) -> None:
+    """vLLM 0.34.0's cache-aware window (3, threshold 0) ranks waiting requests by the hit
+    each would take under its own adapter, as the spec's window does: the logs of
+    prefix-caching programs with adapters conform and the window twin, rebuilt with the log's
+    threshold, decides alike. On 0.33.0, which has no window, the setting is refused."""
+    if not has_the_setting():
+        return
+    window = Vllm034Settings(cache_aware_window=3, cache_aware_threshold=0.0)
+    declared = 0
+    for program in lora_programs(PROGRAMS, prefix_caching=True):
+        lines: list[str] = []
+        lora_log(program, lines, settings_034=window)
+        assert check_ar_trace(lines).violation is None
+        code, said = twin_agrees(lines, tmp_path, "reference.ar.vllm_settings:VLLM_V1_CACHE_AWARE")
+        assert code == 0, said
+        declared += '"cache_aware_window": 3' in lines[0]
+    assert declared >= PROGRAMS // 3, declared
