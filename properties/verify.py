@@ -327,9 +327,12 @@ def machine_for(
     counter: StepCounter | None = None,
     name: str = "",
     twin: Twin | None = None,
+    loras: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """The conformance machine of the implementation's family, under its profile; with `twin`
-    (of the same family) every example ends with that decision twin (rule `twin_decisions`)."""
+    (of the same family) every example ends with that decision twin (rule `twin_decisions`);
+    with `loras` (AR) LoRA adapter slots and adapters are drawn too, where its space serves
+    them."""
     if twin is not None and twin.family is not implementation.family:
         raise ValueError(
             f"a {twin.family.value} twin ({twin.name}) for a {implementation.family.value} "
@@ -350,6 +353,7 @@ def machine_for(
 
         build = ar_conformance_machine
         kwargs["name"] = name or "ArConformance"
+        kwargs["loras"] = loras
         if isinstance(twin, ArTwin):
             policy = twin.policy if twin.policy is not None else implementation.profile.policy
             kwargs["twin"], kwargs["twin_policy"] = twin.factory, policy
@@ -372,6 +376,7 @@ def verify_implementation(
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT_S,
     twin: Twin | None = None,
     seed: int | None = None,
+    loras: bool = False,
 ) -> VerifyResult:
     """Check `implementation` (either family) with `examples` generated programs per run.
 
@@ -383,7 +388,8 @@ def verify_implementation(
     `twin` (of the implementation's family): every example ends by running its operations
     through this decision twin, which must decide exactly alike (rule `twin_decisions`).
     `seed`: draw the programs from this seed instead of the derandomized run's fixed one (the
-    same seed draws the same programs).
+    same seed draws the same programs). `loras` (AR): draw LoRA adapter slots and adapters
+    too, where the implementation's space serves them.
     """
     from properties.campaign import run_campaign
 
@@ -395,6 +401,7 @@ def verify_implementation(
         configs=configs,
         counter=counter,
         twin=twin,
+        loras=loras,
     )
     pairs = [(d, "profile") for d in implementation.profile.deviations] + list(accepted)
     start = time.perf_counter()

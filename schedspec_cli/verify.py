@@ -50,6 +50,7 @@ from schedspec_cli.progress import Progress
 from schedspec_cli.registry import BUILTINS, Builtin, ParityPolicy
 from schedspec_cli.torch_threads import DEFAULT_CHECK_THREADS, pin_torch_threads
 from schedspec_cli.twins import STOCK_TWINS, twin_for_target, twin_for_targets, twin_names
+from spec.ar.profile import ArProfile
 from spec.config import Mode
 from spec.errors import CannotDrive, ConfigError
 from spec.implementation import Family
@@ -117,6 +118,14 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         "implementation's (a twin of other settings then decides otherwise by construction)",
     )
     v.add_argument(
+        "--loras",
+        action="store_true",
+        help="AR: draw LoRA adapter slots too (half the configurations get max_loras 1 or 2, "
+        "each request the base model or one of three adapters; rule lora_slots), for an "
+        "implementation whose space serves adapters (vllm-v1, vllm-v1-prefix, real-vllm, "
+        "real-vllm-prefix)",
+    )
+    v.add_argument(
         "--seed",
         type=int_in(0, MAX_SEED),
         metavar="N",
@@ -176,17 +185,34 @@ _IMPL_ONLY = (
     "parity",
     "twin",
     "twin_as_declared",
+    "loras",
     "seed",
     "threads",
 )
 
 
+def refuse_loras_unserved(target: Resolved) -> None:
+    """`--loras` asks for adapters: `ConfigError` for a dLLM target (the dLLM spec has none)
+    or one whose declared space serves none (`ArConfigSpace.max_loras` 0)."""
+    profile = target.implementation.profile
+    if target.family is not Family.AR or not isinstance(profile, ArProfile):
+        raise ConfigError("--loras", True, f"only with AR implementations ({target.name} is dLLM)")
+    if profile.space.max_loras == 0:
+        raise ConfigError(
+            "--loras",
+            True,
+            f"an implementation whose space serves LoRA adapters ({target.name} declares "
+            "ArConfigSpace.max_loras=0; vllm-v1, vllm-v1-prefix, real-vllm and real-vllm-prefix "
+            "serve them)",
+        )
+
+
 def check_scope(args: argparse.Namespace) -> None:
     """Refuse a flag that the run would ignore, then fill in the main job's defaults:
     --keep-going, --accept, --json, --family, --mode, --parity, --twin, --twin-as-declared,
-    --seed and --threads shape --impl runs (--parity stays None when not given, so that `plan`
-    can refuse it for AR implementations); --parity-prompts and --parity-tokens the main job's
-    parity step."""
+    --loras, --seed and --threads shape --impl runs (--parity stays None when not given, so
+    that `plan` can refuse it for AR implementations); --parity-prompts and --parity-tokens
+    the main job's parity step."""
 
     def given(name: str) -> bool:
         value = getattr(args, name)  # `--seed 0` is given: compare by identity, not equality
@@ -302,6 +328,8 @@ def plan(args: argparse.Namespace) -> Plan:
             )
         if args.mode:
             refuse_undeclared_modes(args.mode, t)
+        if args.loras:
+            refuse_loras_unserved(t)
     twin = None
     if args.twin_as_declared and args.twin is None:
         raise ConfigError(
@@ -372,6 +400,7 @@ def run(args: argparse.Namespace) -> int:
                 call_timeout=args.call_timeout,
                 twin=twin,
                 seed=args.seed,
+                loras=args.loras,
             )
             bar.done()
             with call_timeout_set(args.call_timeout):

@@ -36,6 +36,7 @@ from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAda
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import ArCacheEvicted, ArFinished, ArFinishReason
 from spec.ar.profile import ArConfigSpace, ArProfile
+from spec.implementation import ArImplementation
 
 
 class AdmitsOnePerStep(VllmV1Scheduler):
@@ -607,6 +608,14 @@ def _cache_aware_tight() -> st.SearchStrategy[ArConfig]:
 
 def _vidur(chunked: bool = False) -> st.SearchStrategy[ArConfig]:
     return ar_configs(chunked=(chunked,), thresholds=False)
+
+
+#: `AdapterSlotsIgnored` declaring that it serves adapters: `verify --impl
+#: tests.ar_mutants:ADAPTER_SLOTS_IGNORED --loras` catches it (`lora_slots`); without `--loras`
+#: no adapter is drawn and it passes.
+ADAPTER_SLOTS_IGNORED = ArImplementation(
+    _f(AdapterSlotsIgnored), ArProfile(space=ArConfigSpace(max_loras=None))
+)
 
 
 AR_MUTANTS: dict[str, ArMutant] = {

@@ -6,6 +6,7 @@ request as vLLM does, and a twin that does not schedule adapters is refused a Lo
 
 from __future__ import annotations
 
+import contextlib
 import io
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from properties.ar.trace_check import check_ar_trace
 from properties.verify import run_machine
 from reference.ar.prefix_cache import VLLM_V1_PREFIX, make_vllm_v1_prefix
 from reference.ar.vllm_v1 import VLLM_033, VLLM_V1, VllmV1Scheduler
+from schedspec_cli.main import main
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, validate_ar_request
 from spec.ar.events import (
@@ -342,3 +344,27 @@ def test_a_space_without_adapters_is_named() -> None:
     )
     with pytest.raises(ProfileError, match=r"space\.max_loras"):
         ArConfigSpace(max_loras=-1)
+
+
+def verify(*argv: str) -> tuple[int, str]:
+    """`schedspec verify ARGV` in-process: its exit code and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(["verify", *argv])
+    return code, out.getvalue()
+
+
+def test_verify_loras_draws_adapters_and_catches_a_scheduler_that_ignores_their_slots() -> None:
+    """`verify --loras` draws adapters for an implementation that serves them: a scheduler
+    that admits past max_loras fails `lora_slots` (exit 1); without `--loras` it passes, as
+    no adapter is drawn. A target whose space serves none, or a dLLM one, is refused in one
+    line (exit 2)."""
+    target = "tests.ar_mutants:ADAPTER_SLOTS_IGNORED"
+    code, said = verify("--impl", target, "--loras", "--examples", "300")
+    assert code == 1 and "violation of [lora_slots]" in said, said
+    assert "makes the running requests use adapters" in said, said
+    code, said = verify("--impl", target, "--examples", "60")
+    assert code == 0, said
+    for impl, why in (("vidur-vllm", "ArConfigSpace.max_loras=0"), ("reference-dllm", "is dLLM")):
+        code, said = verify("--impl", impl, "--loras", "--examples", "5")
+        assert code == 2 and said.count("\n") == 1 and why in said, said
