@@ -19,9 +19,11 @@ from reference.ar.vllm_v1 import make_vllm_v1_033
 from spec.ar.adapter import ArImplementationFactory
 from spec.ar.config import AdmissionOrder, ArConfig, ArRequest, ArRules, Policy
 from spec.ar.events import (
-    ArAwaiting,
     ArBlocksAllocated,
+    ArBlocksFreed,
     ArEvent,
+    ArFinished,
+    ArFinishReason,
     ArPauseSet,
     ArPreempted,
     ArReady,
@@ -30,7 +32,7 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.profile import ArPolicy
-from tests.test_ar_awaiting import log_of
+from tests.test_ar_awaiting import BEHIND_AN_AWAITING_ONE, log_of
 from tests.test_ar_rules_fire import CFG
 
 PROGRESS = ArPolicy(admission_progress=True)
@@ -79,27 +81,23 @@ def test_a_request_that_fits_only_in_part_may_wait() -> None:
 
 
 def test_a_pass_that_stops_at_an_awaiting_request_fails_naming_it() -> None:
-    """Three seats. c runs; a awaits its grammar: b behind it fits, and a pass that stops at
-    a leaves it waiting. Once a is ready, a pass that schedules b alone leaves a, the head,
-    waiting: that fails too."""
-    events: list[ArEvent] = [
-        ArSubmitted("c", 3, 5),
-        ArBlocksAllocated("c", (1,)),
-        ArScheduled("c", 3),
-        ArStepEnd(0),
-        ArSubmitted("a", 3, 2),
-        ArAwaiting("a", "grammar"),
-        ArSubmitted("b", 3, 2),
-        ArScheduled("c", 1),
-    ]
-    seats = CFG.replace(max_num_seqs=3)
-    said = verdict([*events, ArStepEnd(1)], seats)
+    """x runs; a awaits its grammar: b behind it fits, and a pass that stops at a leaves it
+    waiting (the log tests/test_ar_awaiting.py's twin test checks undeclared). Once a is
+    ready, a pass that schedules x alone leaves a, the head, waiting: that fails too."""
+    said = verdict([*BEHIND_AN_AWAITING_ONE, ArStepEnd(1)])
     assert "step 1 left 'b' waiting" in said, said
     assert "(past 'a', awaiting its grammar)" in said, said
-    ready = [*events, ArBlocksAllocated("b", (2,)), ArScheduled("b", 3), ArStepEnd(1)]
-    assert verdict(ready, seats) == ""
-    later = [*ready, ArReady("a"), ArScheduled("b", 1), ArStepEnd(2)]
-    assert "step 2 left 'a' waiting" in verdict(later, seats)
+    ready = [
+        *BEHIND_AN_AWAITING_ONE,
+        ArBlocksAllocated("b", (2,)),
+        ArScheduled("b", 4),
+        ArStepEnd(1),
+        ArBlocksFreed("b", (2,)),
+        ArFinished("b", ArFinishReason.LENGTH),
+    ]
+    assert verdict(ready) == ""
+    later = [*ready, ArReady("a"), ArBlocksAllocated("x", (3,)), ArScheduled("x", 1), ArStepEnd(2)]
+    assert "step 2 left 'a' waiting" in verdict(later)
 
 
 def test_lora_a_pass_that_stops_at_a_blocked_adapter_fails_naming_it() -> None:

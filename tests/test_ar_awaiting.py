@@ -395,22 +395,26 @@ def test_the_twin_replays_an_awaiting_request(tmp_path: Path) -> None:
         twin_difference(ops, events, CFG.replace(enable_chunked_prefill=False), make_vidur_vllm)
 
 
+#: x runs; a, submitted after step 0, awaits its grammar; b, behind it, fits; step 1's
+#: schedule phase has scheduled x alone so far.
+BEHIND_AN_AWAITING_ONE: tuple[ArEvent, ...] = (
+    ArSubmitted("x", 3, 3),
+    ArBlocksAllocated("x", (1,)),
+    ArScheduled("x", 3),
+    ArStepEnd(0),
+    ArSubmitted("a", 4, 1),
+    ArAwaiting("a", "grammar"),
+    ArSubmitted("b", 4, 1),
+    ArScheduled("x", 1),
+)
+
+
 def test_the_twin_catches_a_request_left_waiting_behind_an_awaiting_one(tmp_path: Path) -> None:
     """x runs; b waits behind a, which awaits, though it fits: the log conforms (the
     idealised spec asks no admission; `admission_progress`, vLLM's, is not declared here:
     tests/test_ar_admission_progress.py), and the vllm-v1 twin, which admits b past a, tells
     the difference."""
-    events: list[ArEvent] = [
-        ArSubmitted("x", 3, 3),
-        ArBlocksAllocated("x", (1,)),
-        ArScheduled("x", 3),
-        ArStepEnd(0),
-        ArSubmitted("a", 4, 1),
-        ArAwaiting("a", "grammar"),
-        ArSubmitted("b", 4, 1),
-        ArScheduled("x", 1),
-        ArStepEnd(1),
-    ]
+    events: list[ArEvent] = [*BEHIND_AN_AWAITING_ONE, ArStepEnd(1)]
     assert verdict(events) == ("", "")
     path = tmp_path / "behind.jsonl"
     path.write_text("".join(log_of(events)))
