@@ -192,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         if only is None or name in only:
 
             def build_ar(c: StepCounter, m: Any = am) -> Any:
-                return ar_conformance_machine(m.factory, configs=m.configs, counter=c)
+                return ar_conformance_machine(
+                    m.factory, configs=m.configs, counter=c, profile=m.profile
+                )
 
             rows.append(catch("ar", name, am.rule, build_ar, seeds, shrink_seeds))
             _print_row(rows[-1])

@@ -57,6 +57,16 @@ class AdmitsOnePerStep(VllmV1Scheduler):
         return [] if before is not None and len(self.running) > before else super()._admissible()
 
 
+class WholePromptsOnly(VllmV1Scheduler):
+    """With chunked prefill on, admits a waiting prompt only whole: one longer than the
+    budget left waits for a later step, though vLLM admits a chunk of it (only running
+    requests are chunked)."""
+
+    def _waiting_tokens(self, req: ArReq, budget: int) -> int | None:
+        n = super()._waiting_tokens(req, budget)
+        return None if n is not None and budget < req.uncomputed else n
+
+
 class AdapterSlotsIgnored(VllmV1Scheduler):
     """Admits a waiting request whatever adapters the running requests use: past
     `max_loras` (vLLM would skip it: "Scheduling would exceed max_loras")."""
@@ -502,6 +512,18 @@ def _f(cls: type[ArSchedulerBase]) -> ArImplementationFactory:
     return factory
 
 
+def _f033(cls: type[VllmV1Scheduler]) -> ArImplementationFactory:
+    """A factory of `cls` with vLLM 0.33.0's options (`VLLM_033`), as the `vllm-v1` and
+    `vllm-v1-prefix` it mutates: checked under their profile, whose policy declares those
+    options, a mutant built without them would break their rules as well as its own."""
+
+    def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        return cls(config, sink, VLLM_033)
+
+    factory.__name__ = f"make_{cls.__name__}_033"
+    return factory
+
+
 @dataclass(frozen=True)
 class ArMutant:
     name: str
@@ -792,9 +814,26 @@ AR_MUTANTS: dict[str, ArMutant] = {
         ArMutant(
             "admits_one_per_step",
             "admission_progress",
-            _f(AdmitsOnePerStep),
+            _f033(AdmitsOnePerStep),
             ar_configs(policies=(Policy.FCFS, Policy.PRIORITY), null_block=(True,), max_seqs=4),
             "a waiting pass that stops after one admission though the next request fits",
+            VLLM_V1.profile,
+        ),
+        ArMutant(
+            "whole_prompts_only",
+            "admission_progress",
+            _f033(WholePromptsOnly),
+            # a budget of at least max_model_len: alone, a prompt fits it whole (else the
+            # mutant stalls it for good, and `progress` fires first)
+            ar_configs(
+                policies=(Policy.FCFS, Policy.PRIORITY), chunked=(True,), null_block=(True,)
+            ).map(
+                lambda c: c.replace(
+                    max_num_batched_tokens=max(c.max_num_batched_tokens, c.max_model_len)
+                )
+            ),
+            "chunked prefill: a waiting prompt longer than the budget left waits for a later "
+            "step, though a chunk of it fits",
             VLLM_V1.profile,
         ),
         ArMutant(
@@ -903,7 +942,7 @@ AR_MUTANTS: dict[str, ArMutant] = {
         ArMutant(
             "cache_read_limit_ignored",
             "cache_hit_bounded",
-            _f(CacheReadLimitIgnored),
+            _f033(CacheReadLimitIgnored),
             _caching(),
             "prefix-cache hits that reach past a request's cache_read_limit",
             VLLM_V1_PREFIX.profile,

@@ -1,13 +1,14 @@
 """Rule `admission_progress` (declared by vLLM's profiles and logs): an admission pass stops
 only at a request it cannot admit. A step that preempted nothing, unpaused, does not end with
-the first waiting request the admission rules allow still waiting where it fits whole (a
-seat, the budget for all its tokens, the blocks for them above the watermark). It catches a
-pass that stops at a request it passes over (awaiting, adapter-blocked) and one that admits
-less than fits; it asks nothing where the request would fit only in part, nor where the
-rules let a pass stop early."""
+the first waiting request the admission rules allow still waiting where it fits (a seat,
+the budget for all its tokens or, with chunked prefill, for a chunk, the blocks for what it
+reaches above the watermark). It catches a pass that stops at a request it passes over
+(awaiting, adapter-blocked) and one that admits less than fits; it asks nothing where the
+request may not fit, nor where the rules let a pass stop early."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -33,7 +34,7 @@ from spec.ar.events import (
 )
 from spec.ar.profile import ArPolicy
 from tests.test_ar_awaiting import BEHIND_AN_AWAITING_ONE, log_of
-from tests.test_ar_rules_fire import CFG
+from tests.test_ar_rules_fire import CFG, NO_CHUNKING, ONE_SEAT
 
 PROGRESS = ArPolicy(admission_progress=True)
 
@@ -70,14 +71,72 @@ def test_a_request_that_fits_whole_left_waiting_fails() -> None:
     assert verdict(admitted) == ""
 
 
-def test_a_request_that_fits_only_in_part_may_wait() -> None:
-    """b's 6 tokens exceed the 5 left of the budget (a chunk would fit: the rule asks only a
-    whole fit); with one seat, or a watermark b's block would break (7 of the 8 usable
-    blocks), nothing is asked."""
-    assert verdict(a_admitted_then(b_tokens=6)) == ""
-    assert verdict(a_admitted_then(), CFG.replace(max_num_seqs=1)) == ""
+def test_a_request_whose_chunk_fits_left_waiting_fails_under_chunked_prefill() -> None:
+    """b's 6 tokens exceed the 5 left of the budget, but with chunked prefill vLLM admits a
+    chunk of 5 (2 blocks of the 7 free): the step fails, saying so. With chunked prefill off
+    only a whole fit is asked, and b may wait."""
+    said = verdict(a_admitted_then(b_tokens=6))
+    assert (
+        "left 'b' waiting, the first request the admission rules allow, though a chunk of it "
+        "fits (chunked prefill): a seat free (1 of 2 running), 5 token(s) left of the budget "
+        "for its 6, its 2 block(s) within the 7 free"
+    ) in said, said
+    assert verdict(a_admitted_then(b_tokens=6), NO_CHUNKING) == ""
+    assert "it fits whole" in verdict(a_admitted_then(), NO_CHUNKING)
+
+
+def test_under_the_whole_sequence_gate_a_chunk_needs_the_whole_sequences_blocks() -> None:
+    """b (9 tokens, max_model_len 12) finds 5 tokens of the budget left: its chunk reaches 2
+    blocks, which fit the 7 free above a watermark of 5, so it is asked; under the
+    whole-sequence gate (vLLM's scheduler_reserve_full_isl) it needs all 3, and may wait."""
+    config = CFG.replace(max_model_len=12)
+    mark = ArPolicy(admission_progress=True, watermark_fraction=0.65)
+    said = verdict(a_admitted_then(b_tokens=9), config, mark)
+    assert "its 2 block(s) within the 7 free above the watermark (5)" in said, said
+    whole = dataclasses.replace(mark, full_sequence_admission=True)
+    assert verdict(a_admitted_then(b_tokens=9), config, whole) == ""
+
+
+def cached_then_b(b_prompt: tuple[int, ...]) -> list[ArEvent]:
+    """a's 4-token prompt is computed and cached in step 0 (block 1, free once a finishes);
+    in step 1 x takes 4 of the 8 tokens and b (8 tokens, `b_prompt`) waits."""
+    return [
+        ArSubmitted("a", 4, 1, prompt=(1, 2, 3, 4)),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 4),
+        ArStepEnd(0),
+        ArBlocksFreed("a", (1,)),
+        ArFinished("a", ArFinishReason.LENGTH),
+        ArSubmitted("x", 4, 2, prompt=(9, 9, 9, 9)),
+        ArSubmitted("b", 8, 2, prompt=b_prompt),
+        ArBlocksAllocated("x", (2,)),
+        ArScheduled("x", 4),
+        ArStepEnd(1),
+    ]
+
+
+def test_a_chunk_starts_past_the_cache_hit_it_would_take() -> None:
+    """With a's block cached, b's chunk of 4 would start past its hit of 4 tokens and reach
+    2 blocks, the hit's evictable one among them: above a watermark of 6 only 1 of the 7
+    free may go, and b may wait. Sharing no prefix its chunk needs 1 block: asked."""
+    config = CFG.replace(enable_prefix_caching=True, max_model_len=12)
+    mark = ArPolicy(admission_progress=True, watermark_fraction=0.75)
+    assert verdict(cached_then_b((1, 2, 3, 4, 5, 6, 7, 8)), config, mark) == ""
+    said = verdict(cached_then_b((5, 5, 5, 5, 5, 6, 7, 8)), config, mark)
+    assert "4 token(s) left of the budget for its 8, its 1 block(s) within the 7 free" in said
+    wider = ArPolicy(admission_progress=True, watermark_fraction=0.6)
+    said = verdict(cached_then_b((1, 2, 3, 4, 5, 6, 7, 8)), config, wider)
+    assert "for its 8 past its cache hit of 4, its 2 block(s) within the 7 free" in said, said
+
+
+def test_a_request_that_may_not_fit_may_wait() -> None:
+    """With one seat, or a watermark b's block would break (7 of the 8 usable blocks), or
+    no token of the budget left, nothing is asked."""
+    assert verdict(a_admitted_then(), ONE_SEAT) == ""
     watermark = ArPolicy(admission_progress=True, watermark_fraction=0.9)
     assert verdict(a_admitted_then(), policy=watermark) == ""
+    full = CFG.replace(max_num_batched_tokens=3)
+    assert verdict(a_admitted_then(b_tokens=6), full) == ""
 
 
 def test_a_pass_that_stops_at_an_awaiting_request_fails_naming_it() -> None:
@@ -152,12 +211,17 @@ def test_lookahead_slots_count_against_the_free_blocks() -> None:
 def test_a_drafters_tokens_and_rows_count_against_the_budget() -> None:
     """With k drafts vLLM may pad a one-token request to k + 1 tokens, and a draft model adds
     one input row per scheduled request: b is asked only where the budget left covers its
-    tokens and those too (8 - 3 = 5 left after a)."""
-    assert "left 'b' waiting" in verdict(a_admitted_then(), CFG.replace(num_speculative_tokens=2))
-    assert verdict(a_admitted_then(), CFG.replace(num_speculative_tokens=3)) == ""
-    assert "left 'b' waiting" in verdict(a_admitted_then(b_tokens=4))
-    rows = CFG.replace(num_drafting_slots=1)  # 8 - 3 - 1 = 4 left; b needs 4 and a row
+    tokens and those too (8 - 3 = 5 left after a): all of them with chunked prefill off, a
+    one-token chunk's with it on."""
+    whole = NO_CHUNKING
+    assert "left 'b' waiting" in verdict(a_admitted_then(), whole.replace(num_speculative_tokens=2))
+    assert verdict(a_admitted_then(), whole.replace(num_speculative_tokens=3)) == ""
+    assert "left 'b' waiting" in verdict(a_admitted_then(b_tokens=4), whole)
+    rows = whole.replace(num_drafting_slots=1)  # 8 - 3 - 1 = 4 left; b needs 4 and a row
     assert verdict(a_admitted_then(b_tokens=4), rows) == ""
+    chunked = CFG.replace(num_speculative_tokens=3)  # a one-token chunk padded to 4 of 5
+    assert "a chunk of it fits" in verdict(a_admitted_then(), chunked)
+    assert verdict(a_admitted_then(), chunked.replace(num_drafting_slots=1)) == ""
 
 
 def test_a_step_that_preempted_is_not_asked() -> None:

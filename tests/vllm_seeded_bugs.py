@@ -662,6 +662,31 @@ def held_step_defers_decodes(sched: Any) -> None:
     _DEFER_DECODES.apply(sched)
 
 
+#: `whole_prompts_only` as an edit of vLLM's `Scheduler.schedule` (compiled on first use).
+_WHOLE_PROMPTS_ONLY = ScheduleFix(
+    EngineFix(
+        "whole-prompts-only",
+        (
+            (
+                SCHEDULER_MODULE,
+                "                        not self.scheduler_config.enable_chunked_prefill\n"
+                "                        and num_new_tokens > request_token_budget\n",
+                "                        num_new_tokens > request_token_budget\n",
+            ),
+        ),
+        ((SCHEDULER_MODULE, "Scheduler.schedule"),),
+        "seeded bug: the waiting pass stops at a prompt longer than the budget left",
+    )
+)
+
+
+def whole_prompts_only(sched: Any) -> None:
+    """Seeded bug: with chunked prefill on, the waiting pass stops at a prompt longer than
+    the budget left, as vLLM does only with chunked prefill off: a chunk of it would fit,
+    and running requests are still chunked."""
+    _WHOLE_PROMPTS_ONLY.apply(sched)
+
+
 def waiting_sessions_not_counted(sched: Any) -> None:
     """Seeded bug: schedule() counts no streaming-input session waiting for its next input
     against max_num_active_seqs (they keep a model-runner slot)."""

@@ -1331,7 +1331,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
     def _check_admission_progress(self, e: ArStepEnd, total: int) -> None:
         """`admission_progress` (declared): the step's schedule phase ends (`total` tokens
         scheduled, drafts included); the first waiting request the admission rules allow is
-        still waiting only where it does not fit whole."""
+        still waiting only where it does not fit: whole, or with chunked prefill its first
+        chunk."""
         cfg = self.config
         if len(self._running) >= cfg.max_num_seqs or not self._waiting:
             return
@@ -1348,30 +1349,59 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
 
         queue.sort(key=order)
         r = self._requests[queue[0]]
-        rows = cfg.num_drafting_slots
-        left = cfg.max_num_batched_tokens - total - rows * len(self._step.scheduled)
-        # vLLM may pad a one-token request to a draft's length (its blocks then cover the
-        # drafts too), and adds a drafter's rows and lookahead slots
-        tokens = r.known + cfg.num_speculative_tokens + rows
-        slots = r.known + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
-        blocks = cfg.blocks_for(min(slots, cfg.max_model_len))
-        mark = self._binding_watermark()
-        free = self.free_blocks
-        if tokens > left or blocks + mark > free:
+        fit = self._progress_fit(r, total)
+        if fit is None:
             return
         passed = sorted(
             (q for q in self._waiting if q not in queue and order(q) < order(queue[0])), key=order
         )
         over = f" (past {self._passed_over(passed)})" if passed else ""
-        above = f" above the watermark ({mark})" if mark else ""
         raise self._fail(
             ArRule.ADMISSION_PROGRESS,
             f"step {self._step.index} left {r.request_id!r} waiting, the first request the "
-            f"admission rules allow{over}, though it fits whole: a seat free "
-            f"({len(self._running)} of {cfg.max_num_seqs} running), its {tokens} token(s) "
-            f"within the {left} left of the budget, its {blocks} block(s) within the {free} "
-            f"free{above}: a pass that stops only at a request it cannot admit admits it",
+            f"admission rules allow{over}, though {fit}: a pass that stops only at a request "
+            "it cannot admit admits it",
             e,
+        )
+
+    def _progress_fit(self, r: _Req, total: int) -> str | None:
+        """How the waiting request `r` fits what the step (`total` tokens scheduled) left,
+        said for `admission_progress`, or None where it may not fit. Whole: a seat, the
+        budget for all its known tokens, the blocks for them. With chunked prefill, a chunk:
+        the budget for one token, and blocks for what the chunk reaches at most (its cache
+        hit and the budget left, or all its known tokens under the whole-sequence gate).
+        Every bound is vLLM's largest, so a request that may not fit is never asked."""
+        cfg = self.config
+        rows = cfg.num_drafting_slots
+        left = cfg.max_num_batched_tokens - total - rows * len(self._step.scheduled)
+        # vLLM may pad a one-token request to a draft's length (its blocks then cover the
+        # drafts too), and adds a drafter's rows and lookahead slots
+        extra = cfg.num_speculative_tokens
+        chunk = cfg.enable_chunked_prefill and r.known + extra + rows > left
+        tokens = (1 if chunk else r.known) + extra + rows
+        reach, hit = r.known, 0
+        if chunk and not self.policy.full_sequence_admission:
+            # a hit's evictable blocks leave the free ones too: the chunk starts past it
+            hit = len(self._longest_hit(r)) * cfg.block_size if cfg.enable_prefix_caching else 0
+            reach = min(r.known, hit + left - rows)
+        slots = reach + extra + cfg.num_lookahead_tokens
+        blocks = cfg.blocks_for(min(slots, cfg.max_model_len))
+        mark = self._binding_watermark()
+        free = self.free_blocks
+        if tokens > left or blocks + mark > free:
+            return None
+        above = f" above the watermark ({mark})" if mark else ""
+        seat = f"a seat free ({len(self._running)} of {cfg.max_num_seqs} running)"
+        room = f"its {blocks} block(s) within the {free} free{above}"
+        if not chunk:
+            return (
+                f"it fits whole: {seat}, its {tokens} token(s) within the {left} left of "
+                f"the budget, {room}"
+            )
+        past = f" past its cache hit of {hit}" if hit else ""
+        return (
+            f"a chunk of it fits (chunked prefill): {seat}, {left} token(s) left of the "
+            f"budget for its {r.known}{past}, {room}"
         )
 
     def _passed_over(self, rids: list[str]) -> str:

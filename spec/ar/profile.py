@@ -282,8 +282,10 @@ class ArPolicy:
         waiting loop: it `break`s only for a full batch, an exhausted budget or blocks that do
         not fit, and passes over, `continue`, only requests it may not admit yet). A step
         that preempted nothing, unpaused, ends with no waiting request the admission rules
-        allow that fits whole: a free seat, the budget left covers all its known tokens (and
-        a drafter's extra tokens and rows), the free blocks cover them above the binding
+        allow that fits: a free seat, the budget left covers all its known tokens (with
+        chunked prefill, one: vLLM admits a chunk), and a drafter's extra tokens and rows,
+        the free blocks cover the tokens it reaches (all; with chunked prefill and no
+        whole-sequence gate, its cache hit and the budget left) above the binding
         watermark. Under FCFS or priority only, and not beside a prefill cadence, a
         look-ahead, static batches, aging, token caps or soft preemption. Rule
         `admission_progress`: it catches a pass that stops at a request it passes over

@@ -166,12 +166,14 @@ _AR_RULES: dict[ArRule, str] = {
     "request it cannot admit), under FCFS or priority: a step that preempted nothing, "
     "unpaused, does not end with the first waiting request the admission rules allow (the "
     "head, or the least policy key, past the requests they pass over: awaiting, or their "
-    "adapter finds no room) still waiting if it fits whole: a seat free, the token budget "
-    "left covers all its known tokens plus num_speculative_tokens (vLLM may pad a one-token "
-    "request to a draft's length) and a drafter's input rows, and the free blocks cover "
-    "those tokens and num_lookahead_tokens more, within max_model_len, above the binding "
-    "watermark. Not checked beside a prefill cadence, a look-ahead, static batches, aging, "
-    "token caps or soft preemption.",
+    "adapter finds no room) still waiting if it fits: a seat free, the token budget left "
+    "covers all its known tokens (with chunked prefill, one token) plus "
+    "num_speculative_tokens (vLLM may pad a one-token request to a draft's length) and a "
+    "drafter's input rows, and the free blocks cover the tokens it reaches (all its known "
+    "ones; with chunked prefill and no whole-sequence gate, its cache hit and the budget "
+    "left, at most all) and num_speculative_tokens and num_lookahead_tokens more, within "
+    "max_model_len, above the binding watermark. Not checked beside a prefill cadence, a "
+    "look-ahead, static batches, aging, token caps or soft preemption.",
     ArRule.STEP_ORDER: "Steps are numbered 0, 1, 2, ... in order.",
     # --- KV blocks
     ArRule.KV_COVERS_SCHEDULED: "A scheduled request holds KV blocks for its computed tokens plus "
