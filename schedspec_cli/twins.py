@@ -53,13 +53,18 @@ def twin_names(family: Family) -> list[str]:
 
 
 def twin_for_targets(
-    name: str, targets: Sequence[Resolved], modes: frozenset[Mode] | None = None
+    name: str,
+    targets: Sequence[Resolved],
+    modes: frozenset[Mode] | None = None,
+    *,
+    loras: bool = False,
 ) -> Twin:
     """`--twin` for a run of `targets`: they must be of one family; a real engine named as
-    the twin must be installed; a dLLM twin that declares a space must run every configuration
-    drawn for each target (in `modes`, `--mode`'s, when given), as `check-trace` asks of a
-    log's, or every example outside it would fail as a finding that is none (each target's
-    settings: `twin_for_target`)."""
+    the twin must be installed; a twin that declares a space must run every configuration
+    drawn for each target (dLLM: in `modes`, `--mode`'s, when given; AR: with LoRA adapter
+    slots only where `loras`, `--loras`, draws them), as `check-trace` asks of a log's, or
+    every example outside it would fail as a finding that is none (each target's settings:
+    `twin_for_target`)."""
     families = {t.family for t in targets}
     if len(families) > 1:
         names = ", ".join(f"{t.name} ({t.family.value})" for t in targets)
@@ -69,7 +74,11 @@ def twin_for_targets(
         for t in targets:
             profile = t.implementation.profile
             if isinstance(profile, ArProfile):
-                _refuse_uncovered(name, t.name, twin.space.uncovered(profile.space))
+                # without --loras the suite draws max_loras 0 whatever the space serves
+                drawn_ar = (
+                    profile.space if loras else dataclasses.replace(profile.space, max_loras=0)
+                )
+                _refuse_uncovered(name, t.name, twin.space.uncovered(drawn_ar))
     if isinstance(twin, DllmTwin) and isinstance(twin.profile, DllmProfile):
         for t in targets:
             profile = t.implementation.profile

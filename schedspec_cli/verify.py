@@ -337,7 +337,7 @@ def plan(args: argparse.Namespace) -> Plan:
         )
     if args.twin is not None:
         modes = frozenset(Mode.parse(m) for m in args.mode) if args.mode else None
-        twin = twin_for_targets(args.twin, targets, modes)
+        twin = twin_for_targets(args.twin, targets, modes, loras=args.loras)
         dllm = [t.name for t in targets if t.family is Family.DLLM]
         if args.twin_as_declared and dllm:
             raise ConfigError(

@@ -7,6 +7,7 @@ request as vLLM does, and a twin that does not schedule adapters is refused a Lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from properties.ar.strategies import ar_configs_in, lora_slot_choices
 from properties.ar.trace_check import check_ar_trace
 from properties.verify import run_machine
 from reference.ar.prefix_cache import VLLM_V1_PREFIX, make_vllm_v1_prefix
+from reference.ar.vllm_settings import VLLM_V1_CADENCE_FIXED
 from reference.ar.vllm_v1 import VLLM_033, VLLM_V1, VllmV1Scheduler
 from schedspec_cli.main import main
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
@@ -36,7 +38,7 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.machine import ArSpecMachine
-from spec.ar.profile import ArConfigSpace, ArPolicy
+from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, write_ar_trace
 from spec.errors import ConfigError, InvalidRequest
 from spec.implementation import ArImplementation
@@ -368,3 +370,27 @@ def test_verify_loras_draws_adapters_and_catches_a_scheduler_that_ignores_their_
     for impl, why in (("vidur-vllm", "ArConfigSpace.max_loras=0"), ("reference-dllm", "is dLLM")):
         code, said = verify("--impl", impl, "--loras", "--examples", "5")
         assert code == 2 and said.count("\n") == 1 and why in said, said
+
+
+#: The cadence reference (with the fix of its stall) and a space that serves adapters: its
+#: twin, `VLLM_V1_CADENCE_FIXED`, covers every configuration of it but those with adapter slots.
+CADENCE_SERVING_ADAPTERS = ArImplementation(
+    VLLM_V1_CADENCE_FIXED.factory,
+    ArProfile(
+        space=dataclasses.replace(VLLM_V1_CADENCE_FIXED.profile.space, max_loras=None),
+        policy=VLLM_V1_CADENCE_FIXED.profile.policy,
+    ),
+)
+
+
+def test_a_twin_serving_no_adapters_is_refused_only_where_adapters_are_drawn() -> None:
+    """`--twin` must cover what the run draws: without `--loras` every configuration has
+    max_loras 0, so a twin serving no adapters runs beside a target that serves them; with
+    `--loras` it is refused in one line naming what it lacks."""
+    argv = ("--impl", "tests.test_ar_lora:CADENCE_SERVING_ADAPTERS", "--examples", "20")
+    twin = ("--twin", "reference.ar.vllm_settings:VLLM_V1_CADENCE_FIXED")
+    code, said = verify(*argv, *twin)
+    assert code == 0, said
+    code, said = verify(*argv, *twin, "--loras")
+    assert code == 2 and said.count("\n") == 1, said
+    assert "declares no max_loras any (this space: at most 0)" in said, said
