@@ -108,7 +108,7 @@ def cached_then_b(b_prompt: tuple[int, ...]) -> list[ArEvent]:
         ArBlocksFreed("a", (1,)),
         ArFinished("a", ArFinishReason.LENGTH),
         ArSubmitted("x", 4, 2, prompt=(9, 9, 9, 9)),
-        ArSubmitted("b", 8, 2, prompt=b_prompt),
+        ArSubmitted("b", len(b_prompt), 2, prompt=b_prompt),
         ArBlocksAllocated("x", (2,)),
         ArScheduled("x", 4),
         ArStepEnd(1),
@@ -289,3 +289,43 @@ def test_the_reference_vllm_twins_keep_it(factory: ArImplementationFactory) -> N
     assert {e.request_id for e in h.events if isinstance(e, ArScheduled)} == {"a", "b"}
     h.drain()
     assert h.violation is None, h.violation
+
+
+def a_then_b(a_tokens: int, b_tokens: int) -> list[ArEvent]:
+    """a (`a_tokens`) and b (`b_tokens`) wait; step 0 admits a alone, in one block."""
+    return [
+        ArSubmitted("a", a_tokens, 2),
+        ArSubmitted("b", b_tokens, 2),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", a_tokens),
+        ArStepEnd(0),
+    ]
+
+
+def test_a_chunks_blocks_cover_its_drafts_and_no_more_than_its_tokens() -> None:
+    """No whole-sequence gate, 7 blocks free after a's. With one draft, b's chunk of the 4
+    tokens left reaches 5 slots, 2 blocks: above a watermark of 6 it may wait, above 5 it is
+    asked; with a drafter's row too, its chunk is 3 tokens, 4 slots, 1 block. A chunk
+    reaches no further than the prompt: b's 6 tokens past a hit of 4 need 2 blocks, not the
+    3 of the hit and the 5 tokens left."""
+    config = CFG.replace(max_model_len=12, num_speculative_tokens=1)
+    mark = ArPolicy(admission_progress=True, watermark_fraction=0.75)
+    assert verdict(a_then_b(4, 9), config, mark) == ""
+    wider = ArPolicy(admission_progress=True, watermark_fraction=0.65)
+    assert "its 2 block(s) within the 7 free" in verdict(a_then_b(4, 9), config, wider)
+    # a drafter's row for b comes out of the budget its chunk may take: 3 tokens, 1 block
+    rows = config.replace(num_drafting_slots=1)
+    assert "its 1 block(s) within the 7 free" in verdict(a_then_b(3, 9), rows, mark)
+    caching = CFG.replace(enable_prefix_caching=True, max_model_len=12)
+    events = cached_then_b((1, 2, 3, 4, 5, 6))
+    events[6:11] = [
+        ArSubmitted("x", 3, 2, prompt=(9, 9, 9)),
+        ArSubmitted("b", 6, 2, prompt=(1, 2, 3, 4, 5, 6)),
+        ArBlocksAllocated("x", (2,)),
+        ArScheduled("x", 3),
+        ArStepEnd(1),
+    ]
+    said = verdict(events, caching, wider)
+    assert "5 token(s) left of the budget for its 6 past its cache hit of 4, its 2 block(s)" in (
+        said
+    ), said
