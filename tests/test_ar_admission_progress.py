@@ -45,13 +45,14 @@ def verdict(events: Sequence[ArEvent], config: ArConfig = CFG, policy: ArPolicy 
     return "" if found is None else str(found)
 
 
-def a_admitted_then(*after: ArEvent, b_tokens: int = 3) -> list[ArEvent]:
-    """a (3 tokens) and b (`b_tokens`) wait; step 0 admits a alone; then `after`."""
+def a_admitted_then(*after: ArEvent, b_tokens: int = 3, a_tokens: int = 3) -> list[ArEvent]:
+    """a (`a_tokens`, one block) and b (`b_tokens`) wait; step 0 admits a alone; then
+    `after`."""
     return [
-        ArSubmitted("a", 3, 2),
+        ArSubmitted("a", a_tokens, 2),
         ArSubmitted("b", b_tokens, 2),
         ArBlocksAllocated("a", (1,)),
-        ArScheduled("a", 3),
+        ArScheduled("a", a_tokens),
         *after,
         ArStepEnd(0),
     ]
@@ -97,9 +98,9 @@ def test_under_the_whole_sequence_gate_a_chunk_needs_the_whole_sequences_blocks(
     assert verdict(a_admitted_then(b_tokens=9), config, whole) == ""
 
 
-def cached_then_b(b_prompt: tuple[int, ...]) -> list[ArEvent]:
+def cached_then_b(b_prompt: tuple[int, ...], x_tokens: int = 4) -> list[ArEvent]:
     """a's 4-token prompt is computed and cached in step 0 (block 1, free once a finishes);
-    in step 1 x takes 4 of the 8 tokens and b (8 tokens, `b_prompt`) waits."""
+    in step 1 x takes `x_tokens` of the 8 tokens (one block) and b (`b_prompt`) waits."""
     return [
         ArSubmitted("a", 4, 1, prompt=(1, 2, 3, 4)),
         ArBlocksAllocated("a", (1,)),
@@ -107,10 +108,10 @@ def cached_then_b(b_prompt: tuple[int, ...]) -> list[ArEvent]:
         ArStepEnd(0),
         ArBlocksFreed("a", (1,)),
         ArFinished("a", ArFinishReason.LENGTH),
-        ArSubmitted("x", 4, 2, prompt=(9, 9, 9, 9)),
+        ArSubmitted("x", x_tokens, 2, prompt=(9,) * x_tokens),
         ArSubmitted("b", len(b_prompt), 2, prompt=b_prompt),
         ArBlocksAllocated("x", (2,)),
-        ArScheduled("x", 4),
+        ArScheduled("x", x_tokens),
         ArStepEnd(1),
     ]
 
@@ -291,17 +292,6 @@ def test_the_reference_vllm_twins_keep_it(factory: ArImplementationFactory) -> N
     assert h.violation is None, h.violation
 
 
-def a_then_b(a_tokens: int, b_tokens: int) -> list[ArEvent]:
-    """a (`a_tokens`) and b (`b_tokens`) wait; step 0 admits a alone, in one block."""
-    return [
-        ArSubmitted("a", a_tokens, 2),
-        ArSubmitted("b", b_tokens, 2),
-        ArBlocksAllocated("a", (1,)),
-        ArScheduled("a", a_tokens),
-        ArStepEnd(0),
-    ]
-
-
 def test_a_chunks_blocks_cover_its_drafts_and_no_more_than_its_tokens() -> None:
     """No whole-sequence gate, 7 blocks free after a's. With one draft, b's chunk of the 4
     tokens left reaches 5 slots, 2 blocks: above a watermark of 6 it may wait, above 5 it is
@@ -310,22 +300,16 @@ def test_a_chunks_blocks_cover_its_drafts_and_no_more_than_its_tokens() -> None:
     3 of the hit and the 5 tokens left."""
     config = CFG.replace(max_model_len=12, num_speculative_tokens=1)
     mark = ArPolicy(admission_progress=True, watermark_fraction=0.75)
-    assert verdict(a_then_b(4, 9), config, mark) == ""
+    assert verdict(a_admitted_then(a_tokens=4, b_tokens=9), config, mark) == ""
     wider = ArPolicy(admission_progress=True, watermark_fraction=0.65)
-    assert "its 2 block(s) within the 7 free" in verdict(a_then_b(4, 9), config, wider)
+    assert "its 2 block(s) within the 7 free" in verdict(
+        a_admitted_then(a_tokens=4, b_tokens=9), config, wider
+    )
     # a drafter's row for b comes out of the budget its chunk may take: 3 tokens, 1 block
     rows = config.replace(num_drafting_slots=1)
-    assert "its 1 block(s) within the 7 free" in verdict(a_then_b(3, 9), rows, mark)
+    assert "its 1 block(s) within the 7 free" in verdict(a_admitted_then(b_tokens=9), rows, mark)
     caching = CFG.replace(enable_prefix_caching=True, max_model_len=12)
-    events = cached_then_b((1, 2, 3, 4, 5, 6))
-    events[6:11] = [
-        ArSubmitted("x", 3, 2, prompt=(9, 9, 9)),
-        ArSubmitted("b", 6, 2, prompt=(1, 2, 3, 4, 5, 6)),
-        ArBlocksAllocated("x", (2,)),
-        ArScheduled("x", 3),
-        ArStepEnd(1),
-    ]
-    said = verdict(events, caching, wider)
+    said = verdict(cached_then_b((1, 2, 3, 4, 5, 6), x_tokens=3), caching, wider)
     assert "5 token(s) left of the budget for its 6 past its cache hit of 4, its 2 block(s)" in (
         said
     ), said
