@@ -388,6 +388,17 @@ class CadenceRestartsOnAdmissions(PrefixCachingVllmV1):
             self._carried_prefill = carried
 
 
+class CadenceCountsAdapterSkips(PrefixCachingVllmV1):
+    """vLLM's prefill cadence whose capacity escape counts a request the pass skipped for its
+    LoRA adapter as work left waiting (vLLM defers it, `deferred_waiting`, until admitted)."""
+
+    def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
+        super().__init__(config, sink, VLLM_033_CADENCE)
+
+    def _defer_skipped(self, upto: ArReq | None) -> None:
+        return
+
+
 class WatermarkIgnored(_Watermarked):
     """vLLM's admission without its watermark, though the profile declares one."""
 
@@ -873,6 +884,15 @@ AR_MUTANTS: dict[str, ArMutant] = {
             _f(CadenceRestartsOnAdmissions),
             _cadenced(),
             "vLLM's prefill cadence restarted by admissions only, not by running prefill chunks",
+            VLLM_V1_CADENCE.profile,
+        ),
+        ArMutant(
+            "cadence_counts_adapter_skips",
+            "prefill_cadence",
+            _f(CadenceCountsAdapterSkips),
+            _cadenced().map(lambda c: c.replace(max_loras=1)),
+            "vLLM's prefill cadence whose capacity escape counts the requests skipped for their "
+            "LoRA adapter as left waiting",
             VLLM_V1_CADENCE.profile,
         ),
         ArMutant(

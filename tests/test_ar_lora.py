@@ -27,12 +27,14 @@ from schedspec_cli.main import main
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, validate_ar_request
 from spec.ar.events import (
+    ArAwaiting,
     ArBlocksAllocated,
     ArBlocksFreed,
     ArCacheHit,
     ArEvent,
     ArFinished,
     ArFinishReason,
+    ArPauseSet,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
@@ -40,7 +42,7 @@ from spec.ar.events import (
 from spec.ar.machine import ArSpecMachine
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, write_ar_trace
-from spec.errors import ConfigError, InvalidRequest
+from spec.errors import ConfigError, InvalidRequest, SpecViolation
 from spec.implementation import ArImplementation
 from spec.profile import ProfileError
 from spec.trace import TraceFormatError
@@ -119,16 +121,116 @@ def test_once_the_adapter_frees_its_slot_the_request_is_admitted_first() -> None
 
 def test_the_configuration_and_the_request_are_checked() -> None:
     """A negative max_loras is refused; a request naming an adapter where none is served
-    fails valid_request; a cadence with adapters is refused by the machine, saying what the
-    log would lack."""
+    fails valid_request; a cadence with adapters is refused by the machine only beside a pass
+    other than vLLM's (SJF here), saying why."""
     with pytest.raises(ConfigError, match="max_loras"):
         ArConfig(max_loras=-1)
     rule, message = verdict([ArSubmitted("a", 4, 1, lora=1)], CFG)
     assert rule == "valid_request" and "max_loras=0" in message, message
     with pytest.raises(InvalidRequest, match="lora"):
         validate_ar_request(ONE_SLOT, ArRequest("a", 4, 1, lora=0))
-    with pytest.raises(ConfigError, match=r"prefill_interval=3.*no event says"):
-        ArSpecMachine(ONE_SLOT, ArPolicy(prefill_interval=3))
+    ArSpecMachine(ONE_SLOT, ArPolicy(prefill_interval=3))
+    ArSpecMachine(ONE_SLOT.replace(policy=Policy.PRIORITY), ArPolicy(prefill_interval=3))
+    with pytest.raises(ConfigError, match=r"prefill_interval=3\) with admission sjf.*FCFS or"):
+        ArSpecMachine(ONE_SLOT.replace(policy=Policy.SJF), ArPolicy(prefill_interval=3))
+
+
+# --- beside a prefill cadence: a request skipped for its adapter is deferred ------------------
+
+CADENCE = ArPolicy(prefill_interval=3)
+#: one adapter slot, two seats, room for an 8-token prompt and its outputs
+CADENCED = ONE_SLOT.replace(max_model_len=16, num_blocks=12)
+
+
+def cadence_verdict(events: list[ArEvent], config: ArConfig = CADENCED) -> tuple[str, str]:
+    """(rule, message) the spec gives `events` under a prefill interval of 3; ("", "") when
+    they conform."""
+    try:
+        ArSpecMachine(config, CADENCE).apply_all(events)
+    except SpecViolation as violation:
+        return str(violation.rule), str(violation)
+    return "", ""
+
+
+def skipped_then_held(a_prompt: int) -> list[ArEvent]:
+    """a (adapter 1, `a_prompt` tokens) is admitted in release step 0 ahead of b (adapter 2),
+    which finds no room; c (the base model) arrives, and step 1 (a decodes; the interval of 3
+    has not elapsed) admits c's 4-token prefill past b."""
+    a_blocks = tuple(range(1, CADENCED.blocks_for(a_prompt) + 1))
+    grown = len(a_blocks) + 1
+    return [
+        ArSubmitted("a", a_prompt, 4, lora=1),
+        ArSubmitted("b", 4, 1, lora=2),
+        ArBlocksAllocated("a", a_blocks),
+        ArScheduled("a", a_prompt),
+        ArStepEnd(0),
+        ArSubmitted("c", 4, 1),
+        ArBlocksAllocated("a", (grown,)),
+        ArScheduled("a", 1),
+        ArBlocksAllocated("c", (grown + 1,)),
+        ArScheduled("c", 4),
+        ArStepEnd(1),
+    ]
+
+
+def test_a_request_the_pass_skips_for_its_adapter_lifts_no_hold() -> None:
+    """vLLM's capacity escape (`num_waiting > len(deferred_waiting)`) does not count a request
+    its pass skipped for its adapter: with budget left after a's 4 tokens, step 0's pass
+    reached b and skipped it, so step 0 left no work waiting and step 1 is held; c's prefill
+    there breaks `prefill_cadence`, the message saying why the escape stayed shut. Where a's
+    8 tokens spent the budget, the pass never reached b: b counts as left waiting, the escape
+    lifts the hold, and c may be admitted."""
+    rule, message = cadence_verdict(skipped_then_held(4))
+    assert rule == "prefill_cadence", message
+    assert "'c' admitted with 4 tokens to compute in step 1" in message, message
+    assert (
+        "no capacity escape: the last release step left waiting only requests its pass "
+        "deferred, 'b' (skipped for its adapter)"
+    ) in message, message
+    assert cadence_verdict(skipped_then_held(8)) == ("", "")
+
+
+def after_a_and_d(seats: int) -> list[ArEvent]:
+    """a (adapter 1) and d (the base model, one output) are admitted in release step 0 ahead
+    of b (adapter 2); d finishes, c arrives, and step 1 admits c's prefill past b."""
+    return [
+        ArSubmitted("a", 4, 4, lora=1),
+        ArSubmitted("d", 2, 1),
+        ArSubmitted("b", 4, 1, lora=2),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 4),
+        ArBlocksAllocated("d", (2,)),
+        ArScheduled("d", 2),
+        ArStepEnd(0),
+        ArBlocksFreed("d", (2,)),
+        ArFinished("d", ArFinishReason.LENGTH),
+        ArSubmitted("c", 4, 1),
+        ArBlocksAllocated("a", (3,)),
+        ArScheduled("a", 1),
+        ArBlocksAllocated("c", (4,)),
+        ArScheduled("c", 4),
+        ArStepEnd(1),
+    ]
+
+
+def test_past_its_last_admission_the_pass_reaches_a_request_only_with_a_seat_free() -> None:
+    """With two seats, a and d fill them and vLLM's pass ends at its loop's head before b: b
+    counts as left waiting, and step 1 is not held. With three, the pass goes on, skips b
+    for its adapter and defers it: step 1 is held."""
+    assert cadence_verdict(after_a_and_d(2), CADENCED) == ("", "")
+    rule, message = cadence_verdict(after_a_and_d(3), CADENCED.replace(max_num_seqs=3))
+    assert rule == "prefill_cadence" and "'b' (skipped for its adapter)" in message, message
+
+
+def test_a_request_skipped_before_an_admission_is_deferred() -> None:
+    """b, between a and d in the queue, is skipped by the pass that admits d after it: it is
+    deferred whatever the seats (the pass reached it before the last admission), so with two
+    seats step 1 is held."""
+    events = after_a_and_d(2)
+    b, d = events[2], events[1]
+    events[1], events[2] = b, d
+    rule, message = cadence_verdict(events)
+    assert rule == "prefill_cadence" and "'b' (skipped for its adapter)" in message, message
 
 
 # prefix caching with two adapter slots
@@ -372,12 +474,13 @@ def test_verify_loras_draws_adapters_and_catches_a_scheduler_that_ignores_their_
         assert code == 2 and said.count("\n") == 1 and why in said, said
 
 
-#: The cadence reference (with the fix of its stall) and a space that serves adapters: its
-#: twin, `VLLM_V1_CADENCE_FIXED`, covers every configuration of it but those with adapter slots.
-CADENCE_SERVING_ADAPTERS = ArImplementation(
+#: The cadence reference (with the fix of its stall) declaring a space that serves no adapters:
+#: as a twin it covers every configuration of `VLLM_V1_CADENCE_FIXED` but those with adapter
+#: slots.
+CADENCE_SERVING_NO_ADAPTERS = ArImplementation(
     VLLM_V1_CADENCE_FIXED.factory,
     ArProfile(
-        space=dataclasses.replace(VLLM_V1_CADENCE_FIXED.profile.space, max_loras=None),
+        space=dataclasses.replace(VLLM_V1_CADENCE_FIXED.profile.space, max_loras=0),
         policy=VLLM_V1_CADENCE_FIXED.profile.policy,
     ),
 )
@@ -387,10 +490,86 @@ def test_a_twin_serving_no_adapters_is_refused_only_where_adapters_are_drawn() -
     """`--twin` must cover what the run draws: without `--loras` every configuration has
     max_loras 0, so a twin serving no adapters runs beside a target that serves them; with
     `--loras` it is refused in one line naming what it lacks."""
-    argv = ("--impl", "tests.test_ar_lora:CADENCE_SERVING_ADAPTERS", "--examples", "20")
-    twin = ("--twin", "reference.ar.vllm_settings:VLLM_V1_CADENCE_FIXED")
+    argv = ("--impl", "reference.ar.vllm_settings:VLLM_V1_CADENCE_FIXED", "--examples", "20")
+    twin = ("--twin", "tests.test_ar_lora:CADENCE_SERVING_NO_ADAPTERS")
     code, said = verify(*argv, *twin)
     assert code == 0, said
     code, said = verify(*argv, *twin, "--loras")
     assert code == 2 and said.count("\n") == 1, said
     assert "declares no max_loras any (this space: at most 0)" in said, said
+
+
+def stopped_at_e() -> list[ArEvent]:
+    """Under the whole-sequence gate, 4 usable blocks: release step 0 admits f (adapter 1,
+    decoding from then on) and a (one output), and its pass stops at e (12 tokens, whose 3
+    blocks do not fit the 2 free), before b (adapter 2). Release step 1 admits e's first
+    chunk, which spends the budget: its pass ends before b too. Step 2 runs e's next chunk."""
+    return [
+        ArSubmitted("f", 2, 8, lora=1),
+        ArSubmitted("a", 4, 1),
+        ArSubmitted("e", 12, 1),
+        ArSubmitted("b", 4, 1, lora=2),
+        ArBlocksAllocated("f", (1,)),
+        ArScheduled("f", 2),
+        ArBlocksAllocated("a", (2,)),
+        ArScheduled("a", 4),
+        ArStepEnd(0),
+        ArBlocksFreed("a", (2,)),
+        ArFinished("a", ArFinishReason.LENGTH),
+        ArScheduled("f", 1),
+        ArBlocksAllocated("e", (2, 3)),
+        ArScheduled("e", 7),
+        ArStepEnd(1),
+        ArScheduled("f", 1),
+        ArBlocksAllocated("e", (4,)),
+        ArScheduled("e", 5),
+        ArStepEnd(2),
+    ]
+
+
+def test_the_pass_reaches_no_request_behind_the_one_it_stops_at() -> None:
+    """b, behind e where step 0's pass stopped, was never reached by a pass: it counts as
+    left waiting by release step 1, whose escape lifts step 2's hold, so e's next chunk may
+    run there. Had the spec deferred b (skipping it as if the pass went on), step 2 would be
+    held and e's chunk would break `prefill_cadence`."""
+    gated = dataclasses.replace(CADENCE, full_sequence_admission=True)
+    config = CADENCED.replace(num_blocks=5, max_num_seqs=3)
+    ArSpecMachine(config, gated).apply_all(stopped_at_e())
+    b_first = stopped_at_e()
+    b_first[2], b_first[3] = b_first[3], b_first[2]  # b ahead of e: reached and deferred
+    with pytest.raises(SpecViolation) as caught:
+        ArSpecMachine(config, gated).apply_all(b_first)
+    assert caught.value.rule == "prefill_cadence" and "'e' scheduled 5 tokens" in str(
+        caught.value
+    ), str(caught.value)
+
+
+def test_the_pass_skips_a_request_awaiting_its_input_and_goes_on() -> None:
+    """g, awaiting its grammar between a and b, is skipped as b is: both are deferred, and
+    step 1 is held (the message names each with why)."""
+    events = skipped_then_held(4)
+    events[1:1] = [ArSubmitted("g", 4, 1), ArAwaiting("g", "grammar")]
+    rule, message = cadence_verdict(events)
+    assert rule == "prefill_cadence", message
+    assert "'g' (its input awaited), 'b' (skipped for its adapter)" in message, message
+
+
+def test_a_step_paused_for_new_requests_reaches_no_waiting_one() -> None:
+    """a's 8 tokens spend step 0's budget, so its pass never reaches b; step 1, paused for new
+    requests, runs no pass over the waiting ones, so b is still not deferred and counts as
+    left waiting: step 2, unpaused, is not held, and c (arrived since) may start its
+    prefill."""
+    events = [
+        *skipped_then_held(8)[:5],
+        ArPauseSet("paused_new"),
+        ArBlocksAllocated("a", (3,)),
+        ArScheduled("a", 1),
+        ArStepEnd(1),
+        ArPauseSet("unpaused"),
+        ArSubmitted("c", 4, 1),
+        ArScheduled("a", 1),
+        ArBlocksAllocated("c", (4,)),
+        ArScheduled("c", 4),
+        ArStepEnd(2),
+    ]
+    assert cadence_verdict(events) == ("", ""), cadence_verdict(events)

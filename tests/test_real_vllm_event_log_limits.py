@@ -32,7 +32,6 @@ import pytest
 
 from integrations.vllm import MANIFEST
 from integrations.vllm.adapter import RealVllmScheduler
-from integrations.vllm.admission_knobs import AdmissionKnobs
 from integrations.vllm.engine_core import EngineCoreLoop, core_program
 from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.sessions import session_program
@@ -70,11 +69,6 @@ DRAFT_MODEL = {"speculative_tokens": 2, "speculative_method": "draft_model"}
     [
         ({"sliding_window": 4}, "kv_cache_groups", None),
         ({"kv_connector": "recompute"}, "kv_connector", None),
-        (
-            {"loras": 3, "max_loras": 1, "admission": AdmissionKnobs(prefill_interval=3)},
-            "lora_config",
-            None,
-        ),
         (EAGLE, "num_prefill_lookahead", as_multi_module_mtp),
         (EAGLE, "speculative_method", with_speculative(method="dflash")),
         (EAGLE, "parallel_drafting", with_speculative(parallel_drafting=True)),
@@ -83,7 +77,6 @@ DRAFT_MODEL = {"speculative_tokens": 2, "speculative_method": "draft_model"}
     ids=[
         "sliding-window",
         "kv-connector",
-        "lora-beside-a-cadence",
         "multi-module-mtp",
         "undriven-method",
         "parallel-drafting",

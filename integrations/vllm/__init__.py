@@ -140,9 +140,11 @@ REAL_VLLM_NO_RESERVE_PROFILE = ArProfile(
 #: default): prefill rides one executed step in 3 while a request decodes.
 VLLM_PREFILL_INTERVAL = 3
 
-#: `REAL_VLLM_CADENCE` declares vLLM's local prefill cadence.
+#: `REAL_VLLM_CADENCE` declares vLLM's local prefill cadence; it serves LoRA adapters too (the
+#: spec follows which requests each pass skipped for their adapter, which the capacity escape
+#: leaves out).
 REAL_VLLM_CADENCE_PROFILE = ArProfile(
-    space=SETTINGS_SPACE,
+    space=dataclasses.replace(SETTINGS_SPACE, max_loras=None),
     policy=dataclasses.replace(VLLM_POLICY, prefill_interval=VLLM_PREFILL_INTERVAL),
 )
 

@@ -217,12 +217,11 @@ def declared_policy(config: ArConfig, scheduler: Any = None) -> ArPolicy:
 def loggable(scheduler: Any, v: Any) -> None:
     """`ConfigError` naming what makes a live scheduler's decisions something an AR event log
     cannot describe: asynchronous scheduling, more than one batch in flight (pipeline stages),
-    a KV cache other than one full-attention group, LoRA adapters beside a prefill cadence
-    (its capacity escape leaves out the requests the pass skipped for their adapter, which no
-    event names), a KV connector, a multi-module MTP drafter (prefill lookahead past one token),
-    a drafter `_loggable_drafter` refuses, or other than one sampled token per step (`v`:
-    `load_vllm()`'s modules). Speculative decoding by ngram, EAGLE or a draft model is
-    logged, the header declaring the drafts (`num_speculative_tokens`), the lookahead slots
+    a KV cache other than one full-attention group, a KV connector, a multi-module MTP
+    drafter (prefill lookahead past one token), a drafter `_loggable_drafter` refuses, or
+    other than one sampled token per step (`v`: `load_vllm()`'s modules). LoRA adapters are
+    logged beside a prefill cadence too. Speculative decoding by ngram, EAGLE or a draft
+    model is logged, the header declaring the drafts (`num_speculative_tokens`), the lookahead slots
     EAGLE and a draft model reserve past the step's tokens (`num_lookahead_tokens`) and a draft
     model's input row per request (`num_drafting_slots`)."""
     if bool(scheduler.scheduler_config.async_scheduling):
@@ -250,16 +249,6 @@ def loggable(scheduler: Any, v: Any) -> None:
             "one full-attention group: a sliding-window or Mamba group frees and recycles a "
             "running request's blocks, which the AR event log's one block table cannot show",
         )
-    if getattr(scheduler, "lora_config", None) is not None:
-        interval = int(scheduler.local_prefill_interval)
-        if interval > 1:
-            raise ConfigError(
-                "lora_config",
-                "set",
-                f"None with a prefill cadence (prefill_schedule_interval={interval}): its "
-                "capacity escape leaves out the requests vLLM's pass skipped for their LoRA "
-                "adapter, which the AR event log does not name",
-            )
     if scheduler.connector is not None:
         raise ConfigError(
             "kv_connector",

@@ -88,11 +88,7 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
     def _schedule_waiting(self, budget: int) -> None:
         bs = self.config.block_size
         self._reorder_by_cached_prefix()
-        while self._admissible() and budget > 0:
-            if len(self.running) >= self.config.max_num_seqs:
-                break
-            req = self._peek_waiting()
-            self._promote(req)
+        while (req := self._next_waiting(budget)) is not None:
             hit = self._hit(req)
             req.num_computed = len(hit) * bs  # tentatively, to size the chunk after the hit
             n = self._waiting_tokens(req, budget)

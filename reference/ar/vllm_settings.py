@@ -146,7 +146,7 @@ def _variant(
 ) -> ArImplementation:
     """The reference with `options`, prefix caching off or on, declaring `policy` (and the
     per-request cache read limits `cache_read_limits`, which it always honours), serving
-    LoRA adapters unless it runs a prefill cadence."""
+    LoRA adapters."""
 
     def factory(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
         return PrefixCachingVllmV1(config, sink, options)
@@ -157,8 +157,7 @@ def _variant(
         policies=frozenset(Policy) if policies is None else policies,
         prefix_caching=both,
         cache_read_limits=cache_read_limits,
-        # LoRA adapters, but not beside a cadence (the spec refuses them there)
-        max_loras=None if options.prefill_interval <= 1 else 0,
+        max_loras=None,
     )
     return ArImplementation(
         factory,

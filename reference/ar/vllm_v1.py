@@ -373,12 +373,39 @@ class VllmV1Scheduler(ArSchedulerBase):
         (vLLM: `num_blocks_to_allocate + watermark_blocks`)."""
         return mark
 
+    def _defer_skipped(self, upto: ArReq | None) -> None:
+        """Under a prefill cadence, the pass reached the waiting requests before `upto` in its
+        order (None: all of them) and skipped those whose LoRA adapter finds no room: they
+        join vLLM's `deferred_waiting` until admitted, which the capacity escape does not
+        count. (The FCFS queue's order, else the priority key's: the cadence is vLLM's.)"""
+        if self.options.prefill_interval <= 1 or not self.config.max_loras:
+            return
+        admissible = {r.rid for r in self._admissible()}
+        queue = list(self.waiting)
+        if self.config.policy not in (Policy.FCFS, Policy.FAIR):
+            queue.sort(key=self._admission_key)
+        for req in queue:
+            if req is upto:
+                return
+            if req.awaiting is None and req.rid not in admissible:
+                req.deferred = True
+
+    def _next_waiting(self, budget: int) -> ArReq | None:
+        """The waiting request the admission pass takes next (promoted, `_promote`), or None
+        where the pass ends: no budget or seat left, or no request it may admit. The requests
+        it skipped on the way are deferred (`_defer_skipped`)."""
+        if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return None
+        if not self._admissible():
+            self._defer_skipped(None)  # the pass skips all that is left
+            return None
+        req = self._peek_waiting()
+        self._defer_skipped(req)
+        self._promote(req)
+        return req
+
     def _schedule_waiting(self, budget: int) -> None:
-        while self._admissible() and budget > 0:
-            if len(self.running) >= self.config.max_num_seqs:
-                break
-            req = self._peek_waiting()
-            self._promote(req)
+        while (req := self._next_waiting(budget)) is not None:
             n = self._waiting_tokens(req, budget)
             if n is None or self._held_back(req, req.num_computed):
                 break

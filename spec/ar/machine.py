@@ -137,6 +137,8 @@ class _Req:
     # since its `ArAwaiting`, until admitted: vLLM's `deferred_waiting`, which the prefill
     # cadence's capacity escape does not count as work left waiting
     deferred: bool = False
+    # deferred because an admission pass skipped it for its LoRA adapter (for the messages)
+    adapter_skipped: bool = False
     # its input will never be ready (`ArInputFailed`): the pass that reaches it ends it
     input_failed: bool = False
 
@@ -214,15 +216,18 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if isinstance(policy, ArRules):
             policy = ArPolicy(rules=policy)
         self.policy: ArPolicy = policy if policy is not None else ArPolicy()
-        if config.max_loras and self.policy.prefill_interval > 1:
+        self.rules: ArRules = self.policy.rules_for(config)
+        if config.max_loras and self.policy.prefill_interval > 1 and not self._pass_is_known():
             raise ConfigError(
                 "max_loras",
                 config.max_loras,
                 f"no LoRA adapters (0) under a prefill cadence (prefill_interval="
-                f"{self.policy.prefill_interval}): its capacity escape does not count the "
-                "requests vLLM's pass skipped for their adapter, and no event says which",
+                f"{self.policy.prefill_interval}) with admission {self.rules.admission.value}"
+                f"{' and a look-ahead' if self.rules.fcfs_lookahead is not None else ''}: its "
+                "capacity escape leaves out the requests the pass skipped for their adapter, "
+                "which the spec follows only for vLLM's pass (FCFS or priority, no look-ahead, "
+                "aging or static batches)",
             )
-        self.rules: ArRules = self.policy.rules_for(config)
         self.watermark: int = self.policy.watermark_blocks(config)  # blocks admission leaves free
         self._requests: dict[str, _Req] = {}  # active requests only
         self._ended: dict[str, tuple[ArPhase, int]] = {}  # retired: (phase, outputs)
@@ -254,6 +259,9 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._executed = 0
         self._last_prefill = -self.policy.prefill_interval
         self._capacity_bound = False
+        # the deferred requests the last release step left waiting, all it left, each with
+        # why (for the messages)
+        self._deferred_left: list[str] = []
         self._held = False
         self._carried_prefill = False
         self._reordered_at: int | None = None  # the last step the cache-aware order moved
@@ -530,6 +538,67 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._last_prefill = self._executed
         if not self._held and not preempted:  # vLLM: num_waiting > len(deferred_waiting)
             self._capacity_bound = any(not self._requests[q].deferred for q in self._waiting)
+            self._deferred_left = [] if self._capacity_bound else self._deferred_said()
+
+    def _pass_is_known(self) -> bool:
+        """Whether the spec can tell which waiting requests a step's admission pass reached:
+        vLLM's pass, in queue order (FCFS) or the priority key's, with no look-ahead, aging or
+        static batches."""
+        rules = self.rules
+        return (
+            rules.admission in (AdmissionOrder.FCFS, AdmissionOrder.PRIORITY)
+            and rules.fcfs_lookahead is None
+            and rules.max_wait_steps is None
+            and not rules.static_batches
+        )
+
+    def _defers_adapter_skips(self) -> bool:
+        """Whether requests the pass skips for their adapter are tracked as deferred: only
+        where the capacity escape reads them (a prefill cadence with LoRA adapters)."""
+        return self.policy.prefill_interval > 1 and self.config.max_loras > 0
+
+    def _pass_queue(self) -> list[str]:
+        """The waiting queue in the order vLLM's admission pass takes it: the priority key's,
+        else the queue's."""
+        if self.rules.admission is AdmissionOrder.PRIORITY:
+            return sorted(self._waiting, key=lambda q: admission_key(self.rules, self._requests[q]))
+        return list(self._waiting)
+
+    def _defer_passed_over(self, admitted: _Req) -> None:
+        """Under a prefill cadence with adapters, as `admitted` is admitted: the waiting
+        requests before it in the pass's order whose adapter finds no room were reached and
+        skipped, and join vLLM's `deferred_waiting` (until admitted), which the capacity
+        escape does not count. The admission rules let the pass go past only requests
+        awaiting their input or skipped for their adapter, and the adapters in use only grow
+        within a pass, so one blocked when the pass reached it is blocked now."""
+        for q in self._pass_queue():
+            if q == admitted.request_id:
+                return
+            r = self._requests[q]
+            if self._adapter_blocked(r):
+                r.deferred = r.adapter_skipped = True
+
+    def _defer_skipped_at_end(self, total: int) -> None:
+        """At a step's end (`total` tokens scheduled), as `_defer_passed_over` for the requests
+        past its last admission: vLLM's pass (`Scheduler.schedule`) goes on from there only
+        while the budget has a token left beyond the drafting rows and a seat is free (its
+        loop's head; skipping spends neither), then skips every request awaiting its input or
+        whose adapter finds no room, and stops at the first other one. It runs only in an
+        unpaused step that preempted nothing."""
+        cfg, st = self.config, self._step
+        if st.preempted or self._pause != "unpaused":
+            return
+        rows = cfg.num_drafting_slots
+        left = cfg.max_num_batched_tokens - total - rows * len(st.scheduled)
+        if left <= rows or len(self._running) >= cfg.max_num_seqs:
+            return
+        for q in self._pass_queue():
+            r = self._requests[q]
+            if r.awaiting is not None:
+                continue
+            if not self._adapter_blocked(r):
+                return
+            r.deferred = r.adapter_skipped = True
 
     def _hold_is_empty(self) -> bool:
         """A held step with nothing scheduled yet, one that preempted, and no decoding request
@@ -561,11 +630,29 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 f"{r.request_id!r} {what} in step {self._step.index}, which the prefill cadence "
                 f"holds: prefill_interval={self.policy.prefill_interval}, executed step "
                 f"{self._executed + 1}, the last to carry prefill {self._last_prefill}; "
-                f"decoding {decoding[:8]}",
+                f"decoding {decoding[:8]}{self._escape_note()}",
                 e,
             )
         self._carried_prefill |= prefill
         r.prefilling = r.num_computed + n < r.known
+
+    def _deferred_said(self) -> list[str]:
+        """The waiting requests (the first 8), each with why it is deferred."""
+        said = []
+        for q in self._waiting[:8]:
+            why = "skipped for its adapter" if self._requests[q].adapter_skipped else None
+            said.append(f"{q!r} ({why or 'its input awaited'})")
+        return said
+
+    def _escape_note(self) -> str:
+        """Why the capacity escape did not lift a hold, where the last release step left
+        requests waiting: all of them were deferred."""
+        if not self._deferred_left:
+            return ""
+        return (
+            "; no capacity escape: the last release step left waiting only requests its pass "
+            f"deferred, {', '.join(self._deferred_left)}, which vLLM's escape does not count"
+        )
 
     def _check_finished_released(self, event: ArEvent | None) -> None:
         for rid in self._running:
@@ -1243,12 +1330,14 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         if r.phase in AR_QUEUED_PHASES:
             self._note_failed_reached(r)
             self._check_admission(r, e)
+            if self._defers_adapter_skips():
+                self._defer_passed_over(r)
             target = AR_REQUEST_LIFECYCLE.target(r.phase.value, "ar_scheduled")
             assert target is not None  # both queued phases allow it
             self._waiting.remove(r.request_id)
             self._running.append(r.request_id)
             r.phase = ArPhase(target)
-            r.fresh = r.unpromoted = r.deferred = False
+            r.fresh = r.unpromoted = r.deferred = r.adapter_skipped = False
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
         if drafts:
@@ -1803,6 +1892,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             if victim is not None and victim.phase is ArPhase.PREEMPTED:
                 victim.phase = ArPhase.WAITING
                 self._touch(victim)
+        if self._defers_adapter_skips():
+            self._defer_skipped_at_end(total)
         if not paused_all:  # vLLM leaves its prefill cadence untouched in a paused_all step
             self._end_cadence(total, bool(st.preempted))
         if total == 0 and not self._running and not st.preempted and self._pause == "unpaused":

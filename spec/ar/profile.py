@@ -226,7 +226,10 @@ class ArPolicy:
         local prefill cadence in `Scheduler.schedule`: while a running request decodes, prefill
         rides one executed step in N, counted from the last executed step that carried
         prefill; a release step that leaves requests waiting lifts the hold until a release
-        step drains them (vLLM #44558). Rule `prefill_cadence`.
+        step drains them (vLLM #44558), requests its pass deferred not counted (awaiting their
+        input, or skipped for their LoRA adapter). Beside LoRA adapters only under FCFS or
+        priority (the spec then follows which requests each pass reached). Rule
+        `prefill_cadence`.
     full_sequence_admission: a waiting request is admitted only when the blocks for its whole
         known sequence (prompt plus outputs so far, less cache hits) fit the free blocks, not
         just those for this step's chunk (vLLM 0.33's `scheduler_reserve_full_isl=True`, the

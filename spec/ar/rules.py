@@ -107,7 +107,9 @@ _AR_RULES: dict[ArRule, str] = {
     "than one token to compute after its cache hit. A step is held when fewer than N executed "
     "steps (steps that schedule a token) separate it from the last one that carried prefill, a "
     "running request decodes, and the last release step (one not held, that preempted nothing) "
-    "left no request waiting. A held step that preempted, scheduled nothing yet and has no "
+    "left no request waiting but deferred ones (vLLM's deferred_waiting, until admitted: a "
+    "request awaiting its input since its submission, or one a pass reached and skipped for its "
+    "LoRA adapter). A held step that preempted, scheduled nothing yet and has no "
     "decoding request left may lift its hold (nothing else could run in it).",
     ArRule.PROGRESS: "A step with running or waiting requests (an awaiting one not counted) "
     "schedules at least one token "
