@@ -363,11 +363,14 @@ def test_a_request_skipped_for_its_adapter_but_not_deferred_is_caught(
     """The seeded `adapter_skips_not_deferred` (the pass re-queues a request it skipped for
     its adapter without deferring it) lets the capacity escape lift a hold vLLM keeps: the
     log fails `prefill_cadence`, naming the deferred request the escape left out, and the
-    twin differs; released vLLM conforms on the same program."""
+    twin differs; released vLLM conforms on the same program, and `--twin vllm-v1`, rebuilt
+    with the cadence the log declares, decides alike."""
     program = list(lora_programs(seed + 1))[seed]
     lines: list[str] = []
     lora_log(program, lines, admission=CADENCE)
     assert check_ar_trace(lines).violation is None
+    code, said = twin_agrees(lines, tmp_path)
+    assert code == 0, said
     lines = []
     with contextlib.suppress(EngineCoreViolation):  # the loop's own cadence check, too
         lora_log(program, lines, bug=adapter_skips_not_deferred, admission=CADENCE)
