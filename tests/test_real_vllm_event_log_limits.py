@@ -301,3 +301,31 @@ def test_the_log_refuses_pipeline_stages() -> None:
         VllmEventLog(adapter.sched, lines.append)
     assert caught.value.field == "max_concurrent_batches", str(caught.value)
     assert lines == []
+
+
+#: Programs whose logs failed `admission_progress` when the header stated vLLM's token budget
+#: (`max_num_scheduled_tokens`) set 4 above its input budget (`max_num_batched_tokens`),
+#: which binds as well (found 2026-12-07: 12 of the first 100 `core_program` seeds).
+TWO_BUDGET_SEEDS = (6, 8, 11, 13)
+
+
+@pytest.mark.parametrize("seed", TWO_BUDGET_SEEDS)
+def test_without_a_drafter_the_header_states_the_smaller_of_vllms_two_budgets(seed: int) -> None:
+    """Without a drafter's rows vLLM spends each scheduled token from both budgets, so the
+    smaller binds: the header states it, and the log conforms. With the token budget above
+    the input budget (vLLM does not forbid it without a drafter), stating the token budget
+    made `admission_progress` ask for admissions the input budget had no room for; below it,
+    the token budget is stated."""
+    program = core_program(seed)
+    budget = program.config.max_num_batched_tokens
+    # below it only where it leaves every seat a token (the AR spec's budget >= max_num_seqs)
+    for above in (4, -1) if budget > program.config.max_num_seqs else (4,):
+        lines: list[str] = []
+
+        def attach(scheduler: Any, above: int = above, lines: list[str] = lines) -> None:
+            scheduler.max_num_scheduled_tokens += above
+            VllmEventLog(scheduler, lines.append)
+
+        EngineCoreLoop(program.config, async_scheduling=False, mutate=attach).run(program)
+        assert json.loads(lines[0])["max_num_batched_tokens"] == min(budget, budget + above)
+        assert check_ar_trace(lines).violation is None

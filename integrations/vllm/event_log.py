@@ -138,6 +138,18 @@ def drafting_slots(scheduler: Any) -> int:
     return 0 if spec is None else int(spec.max_num_new_slots_for_drafting)
 
 
+def token_budget_of(scheduler: Any) -> int:
+    """The one token budget of a step a vLLM scheduler without a drafter's input rows keeps:
+    it spends each scheduled token from both `max_num_scheduled_tokens` (the tokens it may
+    issue) and `max_num_batched_tokens` (the input rows), so the smaller binds. Nothing in
+    vLLM keeps the first at most the second without a drafter. (With a drafter's rows the two
+    differ in kind, and `loggable` refuses two budgets.)"""
+    issued = int(scheduler.max_num_scheduled_tokens)
+    if drafting_slots(scheduler):
+        return issued
+    return min(issued, int(scheduler.scheduler_config.max_num_batched_tokens))
+
+
 def ar_config_of(scheduler: Any) -> ArConfig:
     """A vLLM scheduler's effective settings as an `ArConfig` (ConfigError when the AR spec
     has no such configuration)."""
@@ -147,7 +159,7 @@ def ar_config_of(scheduler: Any) -> ArConfig:
             block_size=int(scheduler.cache_config.block_size),
             num_blocks=int(scheduler.kv_cache_config.num_blocks),
             reserve_null_block=True,  # vLLM's block 0 is its null block
-            max_num_batched_tokens=int(scheduler.max_num_scheduled_tokens),
+            max_num_batched_tokens=token_budget_of(scheduler),
             # admission into RUNNING stops at max_num_active_reqs (the runner's slots are
             # max_num_running_reqs, at least as many)
             max_num_seqs=int(scheduler.max_num_active_reqs),
@@ -663,4 +675,11 @@ class VllmEventLog:
         self._write(json.dumps(ar_event_to_dict(event), separators=(",", ":")))
 
 
-__all__ = ["VllmEventLog", "ar_config_of", "declared_policy", "loggable", "max_loras_of"]
+__all__ = [
+    "VllmEventLog",
+    "ar_config_of",
+    "declared_policy",
+    "loggable",
+    "max_loras_of",
+    "token_budget_of",
+]
