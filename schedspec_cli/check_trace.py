@@ -312,7 +312,11 @@ def _run(args: argparse.Namespace, header: Header, head: list[str], rest: Iterat
                 "--twin-as-declared", True, "only for an AR log (a dLLM twin takes no settings)"
             )
         return _check_dllm(args, lines, ran, config, Extras(named, twin))
-    return _check_ar(args, lines, ran, config, Extras(named, twin, _declared_ar_policy(header)))
+    from spec.ar.trace import ar_policy_stated
+
+    stated = ar_policy_stated(header.data) if header.data is not None else frozenset()
+    extras = Extras(named, twin, _declared_ar_policy(header), stated)
+    return _check_ar(args, lines, ran, config, extras)
 
 
 def _declared_ar_policy(header: Header) -> ArPolicy | None:
@@ -478,6 +482,7 @@ class Extras:
     named: TraceProfile | None
     twin: Twin | None
     declared: ArPolicy | None = None  # the AR policy the log's header declares (None: none)
+    stated: frozenset[str] = frozenset()  # the options the header writes out (at any value)
 
     def under(self) -> str:
         """What the OK line adds: ` under the profile of NAME`, or "" without `--profile`."""
@@ -584,7 +589,8 @@ def _check_ar(
     if isinstance(extras.twin, ArTwin) and not args.twin_as_declared:  # before any event
         settings = extras.declared if extras.declared is not None else policy
         window = window_applies(ran)
-        settled, note = with_settings(extras.twin, settings, window, "the log", ran)
+        stated = extras.stated if extras.declared is not None else frozenset()
+        settled, note = with_settings(extras.twin, settings, window, "the log", ran, stated)
         args.verdict["twin_settings"] = dict(settled.took)
         args.verdict["twin_note"] = note or None
         extras = dataclasses.replace(extras, twin=settled)

@@ -4,9 +4,11 @@ A watermark, the adaptive long-prefill threshold, a prefill cadence, the whole-s
 reservation and vLLM 0.34.0's cache-aware window and threshold are settings an operator picks
 (`AR_SETTINGS`), declared in an `ArPolicy`: a log's header (`check-trace --twin`) or an
 implementation's profile (`verify --twin`). A setting counts as declared where it differs
-from the idealised spec's (`ArPolicy()`): a header writes only those, so one left at the
-default says nothing (a header of `{"lone_request_threshold_exempt": true}` does not say its
-engine reserves no whole sequence). `with_settings`:
+from the idealised spec's (`ArPolicy()`), or where a header writes it out at that value
+(`stated`: the live vLLM log writes `"full_sequence_admission": false` for a vLLM that
+reserves no whole sequence); a setting a header leaves out says nothing (a header of
+`{"lone_request_threshold_exempt": true}` does not say its engine reserves no whole
+sequence). `with_settings`:
 
 - keeps the twin when it runs every declared setting;
 - rebuilds a vLLM reference twin (`vllm-v1`, `vllm-v1-prefix`, a `reference.ar.vllm_settings`
@@ -81,14 +83,16 @@ def settings_in_effect(
     return in_effect
 
 
-def declared(policy: ArPolicy) -> list[str]:
-    """The `AR_SETTINGS` `policy` declares: those off the idealised default, a watermark's kind
-    with its watermark, and the threshold with a window (a header leaves out a threshold of
-    0.5, the default, and still declares it)."""
+def declared(policy: ArPolicy, stated: frozenset[str] = frozenset()) -> list[str]:
+    """The `AR_SETTINGS` `policy` declares: those off the idealised default, those in `stated`
+    (a header wrote them out), a watermark's kind with its watermark, and the threshold with a
+    window (a header leaves out a threshold of 0.5, the default, and still declares it)."""
     idle = ArPolicy()
     names = []
     for name in AR_SETTINGS:
-        if name in _WATERMARK_KIND:
+        if name in stated:
+            said = True
+        elif name in _WATERMARK_KIND:
             said = bool(policy.watermark_fraction)
         elif name == "cache_aware_threshold":
             said = bool(policy.cache_aware_window) or policy.cache_aware_threshold != (
@@ -107,12 +111,14 @@ def with_settings(
     window: bool,
     whose: str,
     config: ArConfig | None = None,
+    stated: frozenset[str] = frozenset(),
 ) -> tuple[ArTwin, str]:
     """The twin to compare with what declares `settings` (None: declares none, and `twin` runs
     as it is), and a note ("" when none) naming the declared settings it runs otherwise;
     `whose` names what declares them ("the log", an implementation); `window`: whether a
-    cache-aware window applies there; `config`: the log's configuration, where there is one.
-    See the module docstring."""
+    cache-aware window applies there; `config`: the log's configuration, where there is one;
+    `stated`: the settings a header wrote out, declared at any value. See the module
+    docstring."""
     from reference.ar.vllm_settings import vllm_settings_of, with_vllm_settings
 
     factory = checked_factory(twin.factory)
@@ -120,7 +126,8 @@ def with_settings(
     if settings is None or own is None:
         return twin, ""
     # the twin's own settings, with those declared put in: what it should run
-    wanted = dataclasses.replace(own, **{n: getattr(settings, n) for n in declared(settings)})
+    named = declared(settings, stated)
+    wanted = dataclasses.replace(own, **{n: getattr(settings, n) for n in named})
     ours = settings_in_effect(own, window, config)
     theirs = settings_in_effect(wanted, window, config)
     differing = [n for n in {**theirs, **ours} if ours.get(n) != theirs.get(n)]

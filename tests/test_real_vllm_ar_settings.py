@@ -410,3 +410,46 @@ def test_a_live_log_declares_the_prefill_cadence_it_runs_with() -> None:
     header["declared_policy"]["prefill_interval"] = VLLM_PREFILL_INTERVAL + 1
     result = check_ar_trace([json.dumps(header), *lines[1:]])
     assert result.violation is not None and result.violation.rule == "prefill_cadence"
+
+
+#: Generated programs whose no-reserve logs `check-trace --twin vllm-v1` (or `vllm-v1-prefix`)
+#: found deciding otherwise while the header left `full_sequence_admission` out (9 of the first
+#: 100 `core_program` seeds): the twin kept its own whole-sequence reservation.
+NO_RESERVE_SEEDS = (6, 7, 13)
+
+
+@pytest.mark.parametrize("seed", NO_RESERVE_SEEDS)
+def test_a_no_reserve_log_says_so_and_the_plain_twin_is_rebuilt_without_it(
+    seed: int, tmp_path: Path
+) -> None:
+    """vLLM with `scheduler_reserve_full_isl=False`: the header writes
+    `"full_sequence_admission": false` out (a header leaving it out says nothing), and
+    `--twin vllm-v1` (`vllm-v1-prefix` with prefix caching), rebuilt without the reservation,
+    decides alike; with the setting taken out of the header it keeps its own and differs."""
+    from integrations.vllm.engine_core import EngineCoreLoop, core_program
+    from integrations.vllm.event_log import VllmEventLog
+    from tests.test_twin_settings import check
+
+    program = core_program(seed)
+    lines: list[str] = []
+
+    def attach(scheduler: object) -> None:
+        VllmEventLog(scheduler, lines.append)
+
+    EngineCoreLoop(
+        program.config,
+        async_scheduling=False,
+        mutate=attach,
+        admission=AdmissionKnobs(reserve_full_isl=False),
+    ).run(program)
+    header = json.loads(lines[0])
+    assert header["declared_policy"]["full_sequence_admission"] is False
+    twin = "vllm-v1-prefix" if program.config.enable_prefix_caching else "vllm-v1"
+    log = tmp_path / "no-reserve.jsonl"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, said = check(str(log), "--twin", twin)
+    assert code == 0 and "(with full_sequence_admission=False) decides alike" in said, said
+    del header["declared_policy"]["full_sequence_admission"]
+    log.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+    code, said = check(str(log), "--twin", twin)
+    assert code == 1 and f"[twin_decisions] against {twin}: step " in said, said

@@ -23,6 +23,7 @@ from reference.ar.vllm_settings import (
     VLLM_033_CADENCE_FIXED,
     VLLM_V1_CACHE_AWARE,
     VLLM_V1_CADENCE_FIXED,
+    VLLM_V1_NO_RESERVE,
     VLLM_V1_WATERMARK,
     vllm_settings_of,
     with_vllm_settings,
@@ -43,7 +44,8 @@ from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAda
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import ArEvent
 from spec.ar.profile import ArPolicy
-from spec.ar.trace import write_ar_trace
+from spec.ar.trace import ar_config_to_dict, ar_policy_stated, write_ar_trace
+from spec.errors import ConfigError
 from spec.implementation import ArImplementation, Family
 from tests.test_check_trace_profile import _write_dllm, record_dllm_run
 
@@ -469,3 +471,27 @@ def test_twin_as_declared_is_refused_for_a_dllm_log(tmp_path: Path) -> None:
     log = _write_dllm(tmp_path / "dllm.jsonl", record_dllm_run(REFERENCE_DLLM))
     code, said = check(log, "--twin", "reference-dllm", "--twin-as-declared")
     assert code == 2 and "only for an AR log" in said and said.count("\n") == 1, said
+
+
+def test_a_setting_the_header_writes_out_at_its_default_is_declared(tmp_path: Path) -> None:
+    """A log of the reference without the whole-sequence reservation (`vllm-v1-no-reserve`,
+    8 usable blocks): its header leaving `full_sequence_admission` out says nothing, so
+    vllm-v1 keeps its own reservation and decides otherwise; written out as false (as the
+    live vLLM log writes it, `ar_config_to_dict`'s `stated`), it is declared, and vllm-v1 is
+    rebuilt without it and decides alike."""
+    small = CFG.replace(enable_prefix_caching=False, num_blocks=9)
+    policy = VLLM_V1_NO_RESERVE.profile.policy
+    events = events_of(0, VLLM_V1_NO_RESERVE.factory, policy, small)
+    log = Path(log_of(tmp_path / "log.jsonl", events, policy, small))
+    code, said = check(str(log), "--twin", "vllm-v1")
+    assert code == 1 and "[twin_decisions] against vllm-v1: step " in said, said
+    lines = log.read_text(encoding="utf-8").splitlines()
+    header = ar_config_to_dict(small, policy, stated=("full_sequence_admission",))
+    assert header["declared_policy"]["full_sequence_admission"] is False
+    assert ar_policy_stated(header) == frozenset(header["declared_policy"])
+    log.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+    code, said = check(str(log), "--twin", "vllm-v1")
+    assert code == 0, said
+    assert "vllm-v1 (with full_sequence_admission=False) decides alike" in said, said
+    with pytest.raises(ConfigError, match="an ArPolicy option"):
+        ar_config_to_dict(small, policy, stated=("rules",))

@@ -138,6 +138,12 @@ def drafting_slots(scheduler: Any) -> int:
     return 0 if spec is None else int(spec.max_num_new_slots_for_drafting)
 
 
+#: The settings the header writes out at any value (`ar_config_to_dict`'s `stated`): vLLM's
+#: whole-sequence reservation (`scheduler_reserve_full_isl`), on by default in vLLM and off
+#: in the idealised spec, so that a header leaving it out would not say which vLLM ran.
+STATED_SETTINGS = ("full_sequence_admission",)
+
+
 def token_budget_of(scheduler: Any) -> int:
     """The one token budget of a step a vLLM scheduler without a drafter's input rows keeps:
     it spends each scheduled token from both `max_num_scheduled_tokens` (the tokens it may
@@ -426,7 +432,10 @@ class VllmEventLog:
         self._unpromoted: set[str] = set()
         self._hooks = InstanceHooks()
         self.writer: str = scheduler_writer(scheduler, "vllm")
-        write(json.dumps(ar_config_to_dict(self.config, self.policy, self.writer)))
+        # written out even off: a vLLM that reserves no whole sequence says so, and a twin
+        # that reserves one by default (`vllm-v1`) is rebuilt without it
+        header = ar_config_to_dict(self.config, self.policy, self.writer, STATED_SETTINGS)
+        write(json.dumps(header))
         # name -> the scheduler's own method, which the wrapper calls
         self._calls = self._hooks.replace_methods(
             scheduler,

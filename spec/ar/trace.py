@@ -174,11 +174,18 @@ _ENUMS: dict[str, type[Any]] = {
 
 
 def ar_config_to_dict(
-    config: ArConfig, policy: ArPolicy | None = None, writer: str | None = None
+    config: ArConfig,
+    policy: ArPolicy | None = None,
+    writer: str | None = None,
+    stated: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The header line: `{"kind": "config", "family": "ar"[, "writer": <writer>], <ArConfig
     fields>[, "declared_policy": <ArPolicy options>]}` (`policy` is ArConfig's own field;
-    `writer` names what wrote the log, `spec.trace.writer_of`)."""
+    `writer` names what wrote the log, `spec.trace.writer_of`). The declared policy holds the
+    options that differ from the idealised spec's, and those named in `stated` (top-level
+    `ArPolicy` fields other than `rules`) whatever their value: a header that writes one at
+    its default says the engine runs it so (`ar_policy_stated`), where leaving it out says
+    nothing. `ConfigError` for a name that is no such field."""
     out: dict[str, Any] = {"kind": "config", "family": FAMILY}
     if writer is not None:
         out[WRITER] = checked_writer(writer)
@@ -187,9 +194,24 @@ def ar_config_to_dict(
         if OPTIONAL_AR_CONFIG_FIELDS.get(f.name, out) == value:
             continue  # the value a header that leaves it out means
         out[f.name] = value.value if isinstance(value, Policy) else value
-    if policy is not None and policy != ArPolicy():
-        out["declared_policy"] = ar_policy_to_dict(policy)
+    said = ar_policy_to_dict(policy) if policy is not None else {}
+    options = {f.name for f in dataclasses.fields(ArPolicy)} - {"rules"}
+    for name in stated:
+        if name not in options:
+            raise ConfigError("stated", name, f"an ArPolicy option: one of {sorted(options)}")
+        if name not in said:
+            value = getattr(policy if policy is not None else ArPolicy(), name)
+            said[name] = value.value if isinstance(value, VictimOrder) else value
+    if said:
+        out["declared_policy"] = said
     return out
+
+
+def ar_policy_stated(data: dict[str, Any]) -> frozenset[str]:
+    """The options a header line's `declared_policy` writes out (empty without one): each is
+    declared, even at the idealised spec's value (`ar_config_to_dict`'s `stated`)."""
+    raw = data.get("declared_policy")
+    return frozenset(raw) if isinstance(raw, dict) else frozenset()
 
 
 def ar_policy_to_dict(policy: ArPolicy) -> dict[str, Any]:
@@ -447,6 +469,7 @@ __all__ = [
     "ar_event_from_dict",
     "ar_event_to_dict",
     "ar_policy_from_dict",
+    "ar_policy_stated",
     "ar_policy_to_dict",
     "missing_ar_config_fields",
     "trace_family",
