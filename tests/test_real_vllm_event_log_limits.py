@@ -329,3 +329,24 @@ def test_without_a_drafter_the_header_states_the_smaller_of_vllms_two_budgets(se
         EngineCoreLoop(program.config, async_scheduling=False, mutate=attach).run(program)
         assert json.loads(lines[0])["max_num_batched_tokens"] == min(budget, budget + above)
         assert check_ar_trace(lines).violation is None
+
+
+def test_a_token_budget_below_the_seats_is_refused_naming_both_budgets() -> None:
+    """`max_num_scheduled_tokens` below `max_num_seqs` (vLLM checks only
+    `max_num_batched_tokens` against it): no AR configuration has such a budget, and the
+    refusal names both of vLLM's budgets."""
+    program = next(p for p in map(core_program, range(50)) if p.config.max_num_seqs >= 2)
+    seats = program.config.max_num_seqs
+
+    lines: list[str] = []
+
+    def attach(scheduler: Any) -> None:
+        scheduler.max_num_scheduled_tokens = seats - 1
+        VllmEventLog(scheduler, lines.append)
+
+    with pytest.raises(ConfigError) as caught:
+        EngineCoreLoop(program.config, async_scheduling=False, mutate=attach).run(program)
+    said = str(caught.value)
+    assert lines == []
+    assert f"must be >= max_num_seqs={seats}" in said, said
+    assert f"max_num_scheduled_tokens={seats - 1} and max_num_batched_tokens=" in said, said

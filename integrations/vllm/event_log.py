@@ -180,8 +180,18 @@ def ar_config_of(scheduler: Any) -> ArConfig:
             max_loras=max_loras_of(scheduler),
         )
     except (ConfigError, ValueError) as err:
+        issued = int(scheduler.max_num_scheduled_tokens)
+        rows = int(sc.max_num_batched_tokens)
+        budgets = (
+            f"; the budget is the smaller of vLLM's max_num_scheduled_tokens={issued} and "
+            f"max_num_batched_tokens={rows}"
+            if issued != rows and not drafting_slots(scheduler)
+            else ""
+        )
         raise ConfigError(
-            "scheduler", type(scheduler).__name__, f"a configuration the AR spec describes ({err})"
+            "scheduler",
+            type(scheduler).__name__,
+            f"a configuration the AR spec describes ({err}{budgets})",
         ) from None
 
 
