@@ -27,6 +27,7 @@ from schedspec_cli.main import main
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, validate_ar_request
 from spec.ar.events import (
+    ArAborted,
     ArAwaiting,
     ArBlocksAllocated,
     ArBlocksFreed,
@@ -35,6 +36,7 @@ from spec.ar.events import (
     ArFinished,
     ArFinishReason,
     ArPauseSet,
+    ArPreempted,
     ArScheduled,
     ArStepEnd,
     ArSubmitted,
@@ -573,3 +575,53 @@ def test_a_step_paused_for_new_requests_reaches_no_waiting_one() -> None:
         ArStepEnd(2),
     ]
     assert cadence_verdict(events) == ("", ""), cadence_verdict(events)
+
+
+def test_a_step_that_preempts_reaches_no_waiting_request() -> None:
+    """Priority, interval 5: step 0 leaves w waiting (the budget spent), so the escape is
+    open. Step 1 preempts v and so runs no waiting pass: b (adapter 2, the best priority)
+    is not reached, and stays counted. With v and w aborted, step 2 (paused for new
+    requests: no pass either) leaves only b waiting, and the escape stays open: step 3 may
+    admit c's prefill. Had step 1 deferred b, step 3 would be held."""
+    config = ArConfig(
+        block_size=4,
+        num_blocks=5,
+        max_num_batched_tokens=12,
+        max_num_seqs=3,
+        max_model_len=16,
+        policy=Policy.PRIORITY,
+        max_loras=1,
+    )
+    events: list[ArEvent] = [
+        ArSubmitted("a", 4, 8, priority=1, lora=1),
+        ArSubmitted("v", 7, 8, priority=5),
+        ArSubmitted("d", 1, 8, priority=2),
+        ArSubmitted("w", 4, 1, priority=6),
+        ArBlocksAllocated("a", (1,)),
+        ArScheduled("a", 4),
+        ArBlocksAllocated("d", (4,)),
+        ArScheduled("d", 1),
+        ArBlocksAllocated("v", (2, 3)),
+        ArScheduled("v", 7),
+        ArStepEnd(0),
+        ArSubmitted("b", 4, 1, priority=0, lora=2),
+        ArPreempted("v", (2, 3)),
+        ArBlocksAllocated("a", (2,)),
+        ArScheduled("a", 1),
+        ArScheduled("d", 1),
+        ArStepEnd(1),
+        ArAborted("v"),
+        ArAborted("w"),
+        ArPauseSet("paused_new"),
+        ArScheduled("a", 1),
+        ArScheduled("d", 1),
+        ArStepEnd(2),
+        ArPauseSet("unpaused"),
+        ArSubmitted("c", 4, 1, priority=2),
+        ArScheduled("a", 1),
+        ArScheduled("d", 1),
+        ArBlocksAllocated("c", (3,)),
+        ArScheduled("c", 4),
+        ArStepEnd(3),
+    ]
+    ArSpecMachine(config, ArPolicy(prefill_interval=5)).apply_all(events)
