@@ -575,7 +575,13 @@ def _check_ar(
     from properties.ar.decisions import operations
     from properties.ar.trace_check import check_ar_trace
     from properties.verify import ArTwin
-    from schedspec_cli.trace_profile import ar_log_difference, ar_policy_for, in_space, twin_runs
+    from schedspec_cli.trace_profile import (
+        ar_log_difference,
+        ar_policy_for,
+        in_space,
+        names_outputs,
+        twin_runs,
+    )
     from schedspec_cli.twin_settings import window_applies, with_settings
     from spec.ar.profile import ArPolicy
 
@@ -607,7 +613,8 @@ def _check_ar(
         return _violated(args, where, res.violation, counted)
     twin = extras.twin
     if isinstance(twin, ArTwin):  # a log no twin replays (a pause, a cache reset): exit 2 first
-        operations(kept or [], res.sampled_stops, res.config, res.policy)
+        replays = res.config is not None and names_outputs(twin, res.config)
+        operations(kept or [], res.sampled_stops, res.config, res.policy, replays)
     declared = res.policy is not None and res.policy != ArPolicy()
     end = End(res.idle_at_end, res.waiting_ids, res.running_ids, res.unjudged_at_end)
     code = _finish(args, res.events, (res.steps, "steps"), end, extras, declared)

@@ -167,10 +167,17 @@ def ar_log_difference(
     from properties.ar.decisions import operations, twin_difference
     from properties.ar.harness import ArDrain
 
-    ops = operations(events, sampled_stops, config, policy)
+    ops = operations(events, sampled_stops, config, policy, names_outputs(twin, config))
     ops += [ArDrain(10_000)] if ended_idle else []
     own = twin.policy if twin.policy is not None else policy
     return twin_difference(ops, events, config, twin.factory, own, subject="the log")
+
+
+def names_outputs(twin: ArTwin, config: ArConfig) -> bool:
+    """Whether the twin's adapter samples and names the outputs a request scripts
+    (`names_outputs`, as the reference schedulers do): it then replays a log's hits on the
+    blocks of another request's named outputs (a conversation's next turn)."""
+    return bool(getattr(twin.factory(config, lambda e: None), "names_outputs", False))
 
 
 def twin_runs(
@@ -236,6 +243,7 @@ __all__ = [
     "ar_policy_for",
     "dllm_log_difference",
     "in_space",
+    "names_outputs",
     "resolve_trace_profile",
     "twin_runs",
 ]

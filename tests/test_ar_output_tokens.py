@@ -17,8 +17,13 @@ from pathlib import Path
 import pytest
 
 from properties.ar.decisions import NamedOutputHits, operations
+from properties.ar.harness import ArHarness, ArSubmit
 from properties.ar.trace_check import check_ar_trace
+from reference.ar.prefix_cache import VLLM_V1_PREFIX, PrefixCachingVllmV1, make_vllm_v1_prefix
+from reference.ar.vllm_v1 import VLLM_033
 from schedspec_cli.main import main
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.events import (
     ArBlocksAllocated,
     ArBlocksFreed,
@@ -33,7 +38,8 @@ from spec.ar.events import (
     ArSubmitted,
 )
 from spec.ar.machine import ArSpecMachine
-from spec.errors import CannotDrive, SpecViolation
+from spec.errors import CannotDrive, InvalidRequest, SpecViolation
+from spec.implementation import ArImplementation
 from spec.trace import TraceFormatError
 from tests.test_ar_free_keeps_computed import log_of, verdict
 from tests.test_ar_hash_lookahead import AHEAD, CONFIG  # blocks of 4, prefix caching
@@ -272,31 +278,86 @@ def test_named_output_hits_finds_a_hit_on_another_requests_outputs() -> None:
     assert same.covered_by(ArCacheHit("c", (1, 2))) == "a"
 
 
+class KeepsOutputsPrivate(PrefixCachingVllmV1):
+    """A twin of the user's own that samples outputs of its own: it sets no
+    `names_outputs`."""
+
+    names_outputs = False
+
+
+def _keeps_outputs_private(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return KeepsOutputsPrivate(config, sink, VLLM_033)
+
+
+#: `--twin tests.test_ar_output_tokens:OUTPUTS_PRIVATE`: vllm-v1-prefix keeping outputs private.
+OUTPUTS_PRIVATE = ArImplementation(_keeps_outputs_private, VLLM_V1_PREFIX.profile)
+
+
+def next_turn(submitted: str) -> list[ArEvent]:
+    """a's run naming each output, then b, whose prompt continues a's prompt and first four
+    outputs, hitting their blocks and finishing; b submitted after a's names or before them
+    (it waits for the only seat)."""
+    a_run = a_converses(EACH_STEP)
+    b = [
+        *b_continues(PROMPT + OUTPUTS[:4], (1, 2)),
+        ArBlocksFreed("b", (1, 2, 3)),
+        ArFinished("b", ArFinishReason.LENGTH),
+    ]
+    if submitted == "after a's names":
+        return [*a_run, *b]
+    return [a_run[0], b[0], *a_run[1:], *b[1:]]
+
+
 @pytest.mark.parametrize("submitted", ["after a's names", "before a's names"])
-def test_no_twin_replays_a_hit_on_named_outputs(
+def test_a_reference_twin_replays_a_hit_on_named_outputs(
     submitted: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A twin samples outputs of its own, which no prompt continues: `--twin` exits 2 with one
-    line on a log whose hit takes another request's named outputs, however early the hitting
-    request was submitted (it waits here for the only seat), and replays a log that only names
-    them."""
+    """The reference twins sample the outputs the log names (`ArRequest.outputs`, from
+    `operations(..., replay_outputs=True)`) and name them: vllm-v1-prefix takes b's hit on
+    a's output blocks and decides alike, however early b was submitted. A twin that sets no
+    `names_outputs` samples outputs of its own, which no prompt continues: `--twin` exits 2
+    with one line, and the operations without `replay_outputs` refuse the hit."""
     one_seat = CONFIG.replace(max_num_seqs=1)
-    a_run = a_converses(EACH_STEP)
-    b = b_continues(PROMPT + OUTPUTS[:4], (1, 2))
-    events = (
-        [*a_run, *b] if submitted == "after a's names" else [a_run[0], b[0], *a_run[1:], *b[1:]]
-    )
+    events = next_turn(submitted)
     assert verdict(events, one_seat) == ("", "")
+    ops = operations(events, None, one_seat, replay_outputs=True)
+    scripted = {op.request.request_id: op.request.outputs for op in ops if isinstance(op, ArSubmit)}
+    assert scripted == {"a": OUTPUTS, "b": None}
+    log = tmp_path / "next_turn.jsonl"
+    log.write_text("".join(log_of(events, one_seat)))
+    assert main(["check-trace", str(log), "--twin", "vllm-v1-prefix"]) == 0
+    out, _ = capsys.readouterr()
+    assert "its twin vllm-v1-prefix decides alike in all 6 steps" in out, out
     says = "the cache hit of 'b' takes blocks holding outputs of 'a'"
     with pytest.raises(CannotDrive, match=says):
         operations(events, None, one_seat)
-    log = tmp_path / "next_turn.jsonl"
-    log.write_text("".join(log_of(events, one_seat)))
-    assert main(["check-trace", str(log), "--twin", "vllm-v1-prefix"]) == 2
+    assert (
+        main(["check-trace", str(log), "--twin", "tests.test_ar_output_tokens:OUTPUTS_PRIVATE"])
+        == 2
+    )
     out, err = capsys.readouterr()
-    assert "OK" not in out, out
-    assert says in err, err
+    assert says in err and "names_outputs" in err, err
     assert len(err.strip().splitlines()) == 1, err
     alone = tmp_path / "named.jsonl"
     alone.write_text("".join(log_of(a_converses(EACH_STEP), one_seat)))
-    assert main(["check-trace", str(alone), "--twin", "vllm-v1-prefix"]) == 0
+    assert (
+        main(["check-trace", str(alone), "--twin", "tests.test_ar_output_tokens:OUTPUTS_PRIVATE"])
+        == 0
+    )
+
+
+def test_a_scripted_output_is_named_with_prefix_caching_only() -> None:
+    """The reference samples a request's scripted outputs (`ArRequest.outputs`) and, with
+    prefix caching, names each in its step's update phase (`ArOutputTokens`); the spec checks
+    the names. Without prefix caching it names none. A bad `outputs` is refused."""
+    for caching in (True, False):
+        config = CONFIG.replace(enable_prefix_caching=caching)
+        harness = ArHarness(make_vllm_v1_prefix, config)
+        harness.submit(ArRequest("a", 4, 3, prompt=PROMPT, outputs=(101, 102)))
+        harness.drain()
+        assert harness.violation is None, harness.violation
+        named = [e.tokens for e in harness.events if isinstance(e, ArOutputTokens)]
+        assert named == ([(101,), (102,)] if caching else []), named
+    for bad in ((101, 102, 103, 104), (101, "x"), [101]):
+        with pytest.raises(InvalidRequest, match="outputs"):
+            validate_ar_request(CONFIG, ArRequest("a", 4, 3, outputs=bad))  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -331,6 +332,24 @@ def test_a_prefix_cache_that_misses_is_caught_only_where_declared() -> None:
             assert re.match(r"\[cache_hit_longest\] 'r\d+\.2' was admitted with ", str(found))
             caught += 1
     assert caught >= 3, caught
+
+
+def test_next_turns_decide_as_the_twin_which_replays_the_named_outputs(tmp_path: Path) -> None:
+    """`check-trace --twin vllm-v1-prefix` replays a next turn's hit on the earlier turn's
+    output blocks: the twin samples the outputs the log names and keys them so (until the
+    tenth session of 2026-12-07 it refused such a log, exit 2). Released vLLM decides alike
+    on every program;
+    vLLM with output blocks unhashed (`OutputsUnhashed`) takes no such hit, and the twin
+    differs on every program, even where the undeclared log conforms and the declared
+    `longest_cache_hit` misses it (seeds 41 and 43)."""
+    from tests.test_twin_settings import check
+
+    for seed in SEEDS:
+        for log_class, expected in ((VllmEventLog, 0), (OutputsUnhashed, 1)):
+            log = tmp_path / f"{seed}-{expected}.jsonl"
+            log.write_text("".join(f"{line}\n" for line in next_turn_log(seed, None, log_class)))
+            code, said = check(str(log), "--twin", "vllm-v1-prefix")
+            assert code == expected, (seed, said)
 
 
 def test_a_salted_request_is_refused_where_longest_is_declared() -> None:

@@ -1351,10 +1351,12 @@ def program_seed(program: CoreProgram) -> int:
     """The seed of a program's own draws (speculative drafts, the KV connector's store): a hash
     of its text, so each program draws its own and the same every run (a program without
     session inputs hashes as it did before `inputs` existed, a request without a cache read
-    limit or adapter as before `ArRequest.cache_read_limit` and `lora` did, and a configuration
+    limit, adapter or scripted outputs as before `ArRequest.cache_read_limit`, `lora` and
+    `outputs` did, and a configuration
     without drafts or adapters as before `ArConfig.num_speculative_tokens`,
     `num_lookahead_tokens`, `num_drafting_slots` and `max_loras` did)."""
-    text = repr(program).replace(", lora=None)", ")").replace(", cache_read_limit=None)", ")")
+    text = repr(program).replace(", outputs=None)", ")")
+    text = text.replace(", lora=None)", ")").replace(", cache_read_limit=None)", ")")
     text = text.replace(", max_loras=0)", ")")
     for field in ("num_drafting_slots", "num_lookahead_tokens", "num_speculative_tokens"):
         text = text.replace(f", {field}=0)", ")")

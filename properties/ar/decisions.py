@@ -53,24 +53,31 @@ def operations(
     sampled_stops: Mapping[str, int] | None = None,
     config: ArConfig | None = None,
     policy: ArPolicy | None = None,
+    replay_outputs: bool = False,
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
     `ArAborted`, a request held back per `ArAwaiting` and its input ready at its first
     `ArReady` (one in a step: before that step; its promotion the twin decides itself), a
     step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's preemption or draft
-    tokens, which no twin replays, and, given the log's `config` and `policy`, at a cache hit
-    on another request's named outputs: `NamedOutputHits`). A rejected submission or an abort
+    tokens, which no twin replays, and, given the log's `config` and `policy` and without
+    `replay_outputs`, at a cache hit on another request's named outputs: `NamedOutputHits`).
+    A rejected submission or an abort
     that changed nothing left no event and changes nothing; a drain shows as the steps it
     ran. A request whose stop the log's engine sampled (`stop_sampled`) is scripted to stop
     where it did: its outputs at that finish, `sampled_stops` (`check_ar_trace(...,
-    keep=...)` reads them off the log)."""
+    keep=...)` reads them off the log). With `replay_outputs` (a twin whose adapter sets
+    `names_outputs`), each request is scripted to sample the outputs the log names
+    (`ArRequest.outputs`), so the twin keys and names them as the log's engine did and may
+    take the same hits on them: no hit is refused then."""
     stops = sampled_stops or {}
+    named = _named_outputs(events) if replay_outputs else {}
     ops: list[ArOp] = []
     pending: set[str] = set()  # awaiting an input the log has not said is ready
     submitted = 0
     ahead = policy.hash_lookahead_tokens if policy is not None else 0
-    hits = NamedOutputHits(config.block_size, ahead) if config is not None else None
+    guard = config is not None and not replay_outputs
+    hits = NamedOutputHits(config.block_size, ahead) if guard and config is not None else None
     for e in events:
         if isinstance(e, ArOutputTokens) and hits is not None:
             hits.named(e)
@@ -78,9 +85,10 @@ def operations(
         if isinstance(e, ArCacheHit) and earlier is not None:
             raise CannotDrive(
                 f"the cache hit of {e.request_id!r} takes blocks holding outputs of {earlier!r}, "
-                "whose ids the log names (a conversation's next turn): a twin samples outputs "
-                "of its own, which no prompt continues, so it could not hit them. Check the "
-                "log without --twin"
+                "whose ids the log names (a conversation's next turn): a twin whose adapter "
+                "does not set `names_outputs` samples outputs of its own, which no prompt "
+                "continues, so it could not hit them. Check the log without --twin, or with a "
+                "reference twin (vllm-v1-prefix replays the named outputs)"
             )
         if isinstance(e, ArSubmitted):
             if hits is not None:
@@ -96,6 +104,7 @@ def operations(
                 prompt=e.prompt,
                 cache_read_limit=e.cache_read_limit,
                 lora=e.lora,
+                outputs=named.get(e.request_id),
             )
             ops.append(ArSubmit(request))
             submitted += 1
@@ -126,12 +135,26 @@ def operations(
     return ops
 
 
+def _named_outputs(events: Sequence[ArEvent]) -> dict[str, tuple[int, ...]]:
+    """Each request's outputs the log names (`ArOutputTokens`), in order, at most its
+    `max_tokens` (a log that named more breaks `output_tokens` before any twin runs)."""
+    named: dict[str, list[int]] = {}
+    most: dict[str, int] = {}
+    for e in events:
+        if isinstance(e, ArSubmitted):
+            most[e.request_id] = e.max_tokens
+        elif isinstance(e, ArOutputTokens):
+            named.setdefault(e.request_id, []).extend(e.tokens)
+    return {rid: tuple(ids[: most.get(rid, len(ids))]) for rid, ids in named.items()}
+
+
 class NamedOutputHits:
     """Which cache hit covers another request's named outputs (`ArOutputTokens`): a hit whose
     blocks, with the `hash_lookahead_tokens` after them, reach past an earlier request's
     prompt into its first named output, the hitting request's tokens (its prompt, then its own
-    named outputs) starting with that prompt and output. A twin's outputs are private to their
-    requests, so it could take no such hit. Each request's prompt and first named output is
+    named outputs) starting with that prompt and output. A twin that does not sample the
+    outputs a request scripts (its adapter sets no `names_outputs`) keeps its outputs private
+    to their requests, so it could take no such hit. Each request's prompt and first named output is
     kept as a rolling hash per length: a hit is tested in time linear in its length however
     many requests came before (a hash match is then compared token by token)."""
 

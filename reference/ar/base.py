@@ -19,6 +19,7 @@ from spec.ar.events import (
     ArBlocksFreed,
     ArFinished,
     ArFinishReason,
+    ArOutputTokens,
     ArPreempted,
     ArScheduled,
     ArStepEnd,
@@ -215,10 +216,14 @@ class ArReq:
         return self.known - self.num_computed
 
     def token(self, i: int) -> object:
-        """Token i's identity: a prompt token id, else private to the request."""
+        """Token i's identity: a prompt token id, an output's scripted id
+        (`ArRequest.outputs`), else private to the request."""
         s = self.spec
         if i < s.prompt_len:
             return s.prompt[i] if s.prompt is not None else (self.rid, i)
+        j = i - s.prompt_len
+        if s.outputs is not None and j < len(s.outputs):
+            return s.outputs[j]
         return (self.rid, "o", i)
 
     def key(self, k: int, block_size: int) -> ContentKey:
@@ -259,6 +264,9 @@ class ArSchedulerBase:
 
     name = "base"
     retain_finished = 10_000
+    # samples the scripted outputs a request names (`ArRequest.outputs`) and, with prefix
+    # caching, names them (`ArOutputTokens`): a decision twin replays a log's next-turn hits
+    names_outputs = True
 
     def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
         self._config = config
@@ -441,8 +449,17 @@ class ArSchedulerBase:
                 req.num_output += 1
                 if req.first_token is None:
                     req.first_token = self.step_index
+                self._name_output(req)
         for req in self.waiting:
             req.waited += 1
+
+    def _name_output(self, req: ArReq) -> None:
+        """With prefix caching, name the output just sampled where the request scripts its
+        id (`ArOutputTokens`, in the step's update phase, as vLLM's log names them)."""
+        scripted = req.spec.outputs
+        j = req.num_output - 1
+        if self.config.enable_prefix_caching and scripted is not None and j < len(scripted):
+            self.sink(ArOutputTokens(req.rid, (scripted[j],)))
 
     def _update(self) -> None:
         for req in list(self.running):

@@ -235,6 +235,12 @@ class ArRequest:
         (`ArConfigSpace.cache_read_limits`).
     lora: its LoRA adapter (an id >= 1), or None for the base model; only where the
         configuration serves adapters (`ArConfig.max_loras` > 0).
+    outputs: the ids of its first outputs, as the scripted model samples them (at most
+        max_tokens), or None: every output private to the request. A scheduler with prefix
+        caching keys the blocks holding them by these ids and names them
+        (`ArOutputTokens`), so a later request whose prompt continues the prompt and outputs
+        (a conversation's next turn) may hit those blocks; a decision twin replaying a log
+        gets the ids the log named (`properties.ar.decisions.operations`).
     """
 
     request_id: str
@@ -247,6 +253,7 @@ class ArRequest:
     prompt: tuple[int, ...] | None = None
     cache_read_limit: int | None = None
     lora: int | None = None
+    outputs: tuple[int, ...] | None = None
 
     @property
     def expected_output(self) -> int:
@@ -314,6 +321,17 @@ def validate_ar_request(config: ArConfig, request: ArRequest) -> int:
     ):
         raise InvalidRequest(
             rid, "prompt", request.prompt, f"None or a tuple of {request.prompt_len} int token ids"
+        )
+    if request.outputs is not None and (
+        not isinstance(request.outputs, tuple)
+        or len(request.outputs) > request.max_tokens
+        or any(isinstance(t, bool) or not isinstance(t, int) for t in request.outputs)
+    ):
+        raise InvalidRequest(
+            rid,
+            "outputs",
+            request.outputs,
+            f"None or a tuple of at most {request.max_tokens} int token ids (max_tokens)",
         )
     total = request.prompt_len + request.max_tokens
     if total > config.max_model_len:
