@@ -579,7 +579,7 @@ def _check_ar(
         ar_log_difference,
         ar_policy_for,
         in_space,
-        names_outputs,
+        twin_replays,
         twin_runs,
     )
     from schedspec_cli.twin_settings import window_applies, with_settings
@@ -613,8 +613,9 @@ def _check_ar(
         return _violated(args, where, res.violation, counted)
     twin = extras.twin
     if isinstance(twin, ArTwin):  # a log no twin replays (a pause, a cache reset): exit 2 first
-        replays = res.config is not None and names_outputs(twin, res.config)
-        operations(kept or [], res.sampled_stops, res.config, res.policy, replays)
+        replays = twin_replays(twin, res.config) if res.config is not None else None
+        outputs, pauses = (replays.outputs, replays.pauses) if replays else (False, False)
+        operations(kept or [], res.sampled_stops, res.config, res.policy, outputs, pauses)
     declared = res.policy is not None and res.policy != ArPolicy()
     end = End(res.idle_at_end, res.waiting_ids, res.running_ids, res.unjudged_at_end)
     code = _finish(args, res.events, (res.steps, "steps"), end, extras, declared)

@@ -167,17 +167,33 @@ def ar_log_difference(
     from properties.ar.decisions import operations, twin_difference
     from properties.ar.harness import ArDrain
 
-    ops = operations(events, sampled_stops, config, policy, names_outputs(twin, config))
+    replays = twin_replays(twin, config)
+    ops = operations(events, sampled_stops, config, policy, replays.outputs, replays.pauses)
     ops += [ArDrain(10_000)] if ended_idle else []
     own = twin.policy if twin.policy is not None else policy
     return twin_difference(ops, events, config, twin.factory, own, subject="the log")
 
 
-def names_outputs(twin: ArTwin, config: ArConfig) -> bool:
-    """Whether the twin's adapter samples and names the outputs a request scripts
-    (`names_outputs`, as the reference schedulers do): it then replays a log's hits on the
-    blocks of another request's named outputs (a conversation's next turn)."""
-    return bool(getattr(twin.factory(config, lambda e: None), "names_outputs", False))
+@dataclass(frozen=True, slots=True)
+class TwinReplays:
+    """What of a log beyond its submissions, aborts and steps an AR twin replays: hits on
+    another request's named outputs (its adapter sets `names_outputs`, as the reference
+    schedulers do: a conversation's next turn), and an operator's pauses (it is an
+    `ArPausingAdapter`, as `vllm-v1` is)."""
+
+    outputs: bool
+    pauses: bool
+
+
+def twin_replays(twin: ArTwin, config: ArConfig) -> TwinReplays:
+    """What the twin, built for `config`, replays (`TwinReplays`)."""
+    from spec.ar.adapter import ArPausingAdapter
+
+    adapter = twin.factory(config, lambda e: None)
+    return TwinReplays(
+        outputs=bool(getattr(adapter, "names_outputs", False)),
+        pauses=isinstance(adapter, ArPausingAdapter),
+    )
 
 
 def twin_runs(
@@ -239,11 +255,12 @@ def _no_loras(twin: str, config: ArConfig, why: str) -> str:
 
 __all__ = [
     "TraceProfile",
+    "TwinReplays",
     "ar_log_difference",
     "ar_policy_for",
     "dllm_log_difference",
     "in_space",
-    "names_outputs",
     "resolve_trace_profile",
+    "twin_replays",
     "twin_runs",
 ]

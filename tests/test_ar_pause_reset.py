@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from properties.ar.decisions import operations
+from properties.ar.harness import ArHarness, ArPause, ArResetCache
 from properties.ar.trace_check import check_ar_trace
+from reference.ar.prefix_cache import VLLM_V1_PREFIX
 from schedspec_cli.main import main
-from spec.ar.config import ArConfig, Policy
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import (
     ArAborted,
     ArBlocksAllocated,
@@ -217,19 +219,65 @@ def test_the_log_round_trips_both_and_refuses_an_unknown_state() -> None:
     [ArPauseSet("paused_all"), ArPreempted("a", (1, 2), reset=True)],
     ids=["pause", "reset"],
 )
-def test_no_twin_replays_an_operators_operation(event: ArEvent) -> None:
-    with pytest.raises(CannotDrive, match="no AR twin replays: check the log without --twin"):
+def test_a_twin_without_set_pause_replays_no_operators_operation(event: ArEvent) -> None:
+    """`operations` without `replay_pauses` (a twin that is no `ArPausingAdapter`) refuses a
+    pause or a reset; with it, each is one operation (a reset's preemptions and its
+    `ArCacheReset` are one `ArResetCache`)."""
+    with pytest.raises(CannotDrive, match=r"this twin does not replay \(it has no set_pause"):
         operations([*A_RUNS, event])
+    ops = operations([*A_RUNS, event, ArCacheReset()], replay_pauses=True)
+    expected = ArPause("paused_all") if isinstance(event, ArPauseSet) else ArResetCache()
+    assert ops[3:] == [expected] + ([ArResetCache()] if isinstance(event, ArPauseSet) else [])
 
 
-def test_check_trace_with_a_twin_on_a_paused_log_is_one_input_error(
+def operator_run(pause: str) -> list[ArEvent]:
+    """The reference `vllm-v1` (prefix caching) serving a, b and c with an operator pausing it
+    in `pause` after step 1, resetting its cache (a and b running are preempted), resuming
+    after step 3, then draining: its events, checked by the harness as it ran."""
+    h = ArHarness(VLLM_V1_PREFIX.factory, CACHING, policy=VLLM_V1_PREFIX.profile.policy)
+    prompt = (1, 2, 3, 4, 5)
+    h.submit(ArRequest("a", 5, 4, prompt=prompt))
+    h.step()
+    h.submit(ArRequest("b", 5, 3, prompt=prompt))
+    h.step()
+    h.set_pause(pause)
+    h.submit(ArRequest("c", 5, 2, prompt=prompt))
+    h.step()
+    h.reset_cache()
+    h.step()
+    h.set_pause("unpaused")
+    h.drain()
+    assert h.violation is None, h.violation
+    return list(h.events)
+
+
+@pytest.mark.parametrize("pause", ["paused_all", "paused_new"])
+def test_the_vllm_twin_replays_pauses_and_cache_resets(
+    pause: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vllm-v1 is an `ArPausingAdapter`: a log with an operator's pause and cache reset (the
+    reference's own, with both requests running preempted by the reset) decides alike."""
+    events = operator_run(pause)
+    kinds = [type(e).__name__ for e in events]
+    assert "ArCacheReset" in kinds and kinds.count("ArPauseSet") == 2, kinds
+    assert sum(isinstance(e, ArPreempted) and e.reset for e in events) == 2, events
+    log = tmp_path / "operated.jsonl"
+    log.write_text("".join(log_of(events, CACHING)))
+    assert main(["check-trace", str(log), "--twin", "vllm-v1-prefix"]) == 0
+    out, _ = capsys.readouterr()
+    assert "its twin vllm-v1-prefix decides alike" in out, out
+
+
+def test_check_trace_with_a_twin_that_cannot_pause_is_one_input_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Exit 2 with one line, and no `OK` printed before it (a CI grepping `^OK` must not pass)."""
+    """A twin that is no `ArPausingAdapter` (the Vidur twins) on a paused log: exit 2 with
+    one line, and no `OK` printed before it (a CI grepping `^OK` must not pass)."""
+    whole = CFG.replace(enable_chunked_prefill=False, max_model_len=16)
     log = tmp_path / "paused.jsonl"
-    log.write_text("".join(log_of([*A_RUNS, ArPauseSet("paused_all"), ArStepEnd(1)])))
+    log.write_text("".join(log_of([*A_RUNS, ArPauseSet("paused_all"), ArStepEnd(1)], whole)))
     verdict_file = tmp_path / "verdict.json"
-    code = main(["check-trace", str(log), "--twin", "vllm-v1", "--json", str(verdict_file)])
+    code = main(["check-trace", str(log), "--twin", "vidur-vllm", "--json", str(verdict_file)])
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
     assert "OK" not in out, out

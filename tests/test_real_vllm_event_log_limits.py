@@ -26,6 +26,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,12 +151,15 @@ def test_a_request_vllm_ends_inside_update_from_output_is_logged_once() -> None:
 
 
 @pytest.mark.parametrize("mode", ["keep", "wait"])
-def test_a_live_log_with_pauses_and_cache_resets_conforms(mode: str) -> None:
+def test_a_live_log_with_pauses_and_cache_resets_conforms(mode: str, tmp_path: Path) -> None:
     """vLLM's engine-core loop pausing now and then in `mode` (`integrations.vllm.pauses`),
     clearing the caches once idle and resuming, prefix caching on. Before `ArPauseSet` and the
     reset's `ArPreempted(reset=True)` such logs failed `progress` (a paused step schedules
     nothing) and, in "keep" (running requests preempted by the reset), the admission rules;
-    without `ArCacheReset` a hit on KV cached before the reset conformed."""
+    without `ArCacheReset` a hit on KV cached before the reset conformed. The twin
+    vllm-v1-prefix, which an operator pauses and resets as vLLM's is, decides alike."""
+    from tests.test_twin_settings import check
+
     kinds: Counter[str] = Counter()
     for seed in range(8):
         program = core_program(seed)
@@ -170,6 +174,10 @@ def test_a_live_log_with_pauses_and_cache_resets_conforms(mode: str) -> None:
         )
         result = check_ar_trace(lines)
         assert result.ok, f"seed {seed}: {result.violation}"
+        log = tmp_path / f"{seed}.jsonl"
+        log.write_text("".join(f"{line}\n" for line in lines))
+        code, said = check(str(log), "--twin", "vllm-v1-prefix")
+        assert code == 0, said
         for line in lines[1:]:
             event = json.loads(line)
             if event["kind"] == "ar_pause_set":

@@ -24,6 +24,8 @@ from properties.ar.harness import (
     ArHarness,
     ArInputReady,
     ArOp,
+    ArPause,
+    ArResetCache,
     ArStep,
     ArSubmit,
 )
@@ -35,6 +37,7 @@ from spec.ar.events import (
     ArAborted,
     ArAwaiting,
     ArCacheHit,
+    ArCacheReset,
     ArEvent,
     ArOutputTokens,
     ArPauseSet,
@@ -54,6 +57,7 @@ def operations(
     config: ArConfig | None = None,
     policy: ArPolicy | None = None,
     replay_outputs: bool = False,
+    replay_pauses: bool = False,
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
@@ -69,13 +73,18 @@ def operations(
     keep=...)` reads them off the log). With `replay_outputs` (a twin whose adapter sets
     `names_outputs`), each request is scripted to sample the outputs the log names
     (`ArRequest.outputs`), so the twin keys and names them as the log's engine did and may
-    take the same hits on them: no hit is refused then."""
+    take the same hits on them: no hit is refused then. With `replay_pauses` (a twin that is
+    an `ArPausingAdapter`), a pause is an operation (`ArPause`), and so is a cache reset
+    (`ArResetCache`, at its first preemption, or at its `ArCacheReset` where it preempted
+    nothing), not `CannotDrive`. Without it an `ArCacheReset` that preempted nothing is not
+    replayed (as before)."""
     stops = sampled_stops or {}
     named = _named_outputs(events) if replay_outputs else {}
     ops: list[ArOp] = []
     pending: set[str] = set()  # awaiting an input the log has not said is ready
     submitted = 0
     ahead = policy.hash_lookahead_tokens if policy is not None else 0
+    resetting = False  # between a reset's first preemption and its `ArCacheReset`
     guard = config is not None and not replay_outputs
     hits = NamedOutputHits(config.block_size, ahead) if guard and config is not None else None
     for e in events:
@@ -118,11 +127,22 @@ def operations(
             # promoted it (before that step); a promotion alone the twin decides itself
             ops.append(ArInputReady(e.request_id))
             pending.discard(e.request_id)
+        elif isinstance(e, ArPauseSet) and replay_pauses:
+            ops.append(ArPause(e.state))
+        elif isinstance(e, ArPreempted) and e.reset and replay_pauses:
+            if not resetting:  # the reset's first preemption: the operation, once
+                ops.append(ArResetCache())
+                resetting = True
+        elif isinstance(e, ArCacheReset) and replay_pauses:
+            if not resetting:  # a reset with nothing running
+                ops.append(ArResetCache())
+            resetting = False
         elif (isinstance(e, ArPreempted) and e.reset) or isinstance(e, ArPauseSet):
             what = "pauses the scheduler" if isinstance(e, ArPauseSet) else "resets its cache"
             raise CannotDrive(
-                f"the log {what} between steps, an operator's operation no AR twin replays: "
-                "check the log without --twin"
+                f"the log {what} between steps, an operator's operation this twin does not "
+                "replay (it has no set_pause and reset_cache): check the log without --twin, "
+                "or name a twin that has them (vllm-v1)"
             )
         elif isinstance(e, ArScheduled) and e.drafts:
             raise CannotDrive(
@@ -223,6 +243,10 @@ def apply_ar_ops(harness: ArHarness, ops: Sequence[ArOp]) -> None:
             harness.await_input(op.request_id, op.what)
         elif isinstance(op, ArInputReady):
             harness.input_ready(op.request_id)
+        elif isinstance(op, ArPause):
+            harness.set_pause(op.state)
+        elif isinstance(op, ArResetCache):
+            harness.reset_cache()
         else:
             harness.drain(op.max_steps)
 

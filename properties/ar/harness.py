@@ -7,7 +7,8 @@ step, abort and drain. The spec checks the ordering rules the implementation dec
 (`adapter.rules`); the core rules hold for all.
 
 The harness records every operation it was asked for (`ops`: `ArSubmit`, `ArAbort`, `ArStep`,
-`ArDrain`, and for a request awaiting an input `ArAwait` and `ArInputReady`; rejected
+`ArDrain`, for a request awaiting an input `ArAwait` and `ArInputReady`, and an operator's
+`ArPause` and `ArResetCache`; rejected
 submissions and unknown aborts included), so that the same run can be
 replayed through another implementation (`properties.ar.decisions`).
 """
@@ -19,7 +20,12 @@ from typing import TypeAlias
 
 from properties.adapter_check import require_adapter
 from properties.replay import ReplayHarness
-from spec.ar.adapter import ArAwaitingAdapter, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.adapter import (
+    ArAwaitingAdapter,
+    ArImplementationFactory,
+    ArPausingAdapter,
+    ArSchedulerAdapter,
+)
 from spec.ar.config import ArConfig, ArRequest, validate_ar_request
 from spec.ar.events import ArEvent, ArStepEnd, ArSubmitted
 from spec.ar.lifecycles import AR_ACTIVE_PHASES, ArPhase
@@ -72,7 +78,23 @@ class ArInputReady:
     request_id: str
 
 
-ArOp: TypeAlias = ArSubmit | ArAbort | ArStep | ArDrain | ArAwait | ArInputReady
+@dataclass(frozen=True, slots=True)
+class ArPause:
+    """The operation that sets the pause state between steps (`ArPausingAdapter.set_pause`)."""
+
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArResetCache:
+    """The operation that resets the prefix cache between steps (`ArPausingAdapter`)."""
+
+    pass
+
+
+ArOp: TypeAlias = (
+    ArSubmit | ArAbort | ArStep | ArDrain | ArAwait | ArInputReady | ArPause | ArResetCache
+)
 
 
 @dataclass
@@ -165,6 +187,28 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
         """The awaited input of the request is ready (`ArAwaitingAdapter`)."""
         self.ops.append(ArInputReady(request_id))
         self.awaiting_impl().input_ready(request_id)
+
+    def pausing_impl(self, what: str) -> ArPausingAdapter:
+        """The implementation as an `ArPausingAdapter`; `CannotDrive` (saying the log does
+        `what`) when it is not one."""
+        impl = self.impl
+        if not isinstance(impl, ArPausingAdapter):
+            raise CannotDrive(
+                f"{type(impl).__name__} cannot be paused or have its cache reset (it has no "
+                f"set_pause and reset_cache), and the log {what} between steps: check the log "
+                "without --twin, or name a twin that has them (vllm-v1)"
+            )
+        return impl
+
+    def set_pause(self, state: str) -> None:
+        """Set the pause state between steps (`ArPausingAdapter`)."""
+        self.ops.append(ArPause(state))
+        self.pausing_impl("pauses the scheduler").set_pause(state)
+
+    def reset_cache(self) -> None:
+        """Reset the prefix cache between steps (`ArPausingAdapter`)."""
+        self.ops.append(ArResetCache())
+        self.pausing_impl("resets its cache").reset_cache()
 
     def step(self) -> None:
         """Run one step; it must end (`ArStepEnd`, else `step_order`), then the snapshot is

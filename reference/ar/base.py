@@ -154,6 +154,13 @@ class CachingBlockPool(BlockPool):
         """Forget what block `b` caches (a content that will never be written)."""
         self._evict(b)
 
+    def reset(self) -> None:
+        """Forget every cached block (an operator's cache reset, with no block referenced);
+        the free queue keeps its order (vLLM's `BlockPool.reset_prefix_cache`)."""
+        assert not self.refs, f"blocks {sorted(self.refs)} are still referenced"
+        self.cache.clear()
+        self.index.clear()
+
     def register(self, b: int, key: ContentKey) -> None:
         """Cache block `b` under content `key` (last in the key's cache order); a block already
         cached keeps its key."""
@@ -419,8 +426,9 @@ class ArSchedulerBase:
         for k in range(min(full, len(req.blocks))):
             pool.register(req.blocks[k], req.key(k, bs))
 
-    def _preempt(self, victim: ArReq) -> None:
-        """Free every block, discard computed tokens, wait at the head of the queue."""
+    def _preempt(self, victim: ArReq, reset: bool = False) -> None:
+        """Free every block, discard computed tokens, wait at the head of the queue. With
+        `reset`, an operator's cache reset between steps preempted it (not the step)."""
         freed = list(victim.blocks)
         self.pool.release(victim.rid, freed)
         victim.blocks = []
@@ -428,8 +436,9 @@ class ArSchedulerBase:
         victim.num_restarts += 1
         self.running.remove(victim)
         self.waiting.appendleft(victim)
-        self.step_preempted.append(victim)
-        self.sink(ArPreempted(victim.rid, tuple(freed)))
+        if not reset:
+            self.step_preempted.append(victim)
+        self.sink(ArPreempted(victim.rid, tuple(freed), reset=reset))
 
     def _free_all(self, req: ArReq) -> None:
         blocks, req.blocks = req.blocks, []

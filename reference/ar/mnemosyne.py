@@ -112,11 +112,11 @@ class VidurMnemosyne(VidurReplicaBase):
         super()._finish(req, reason)
         self.prefill_tokens.pop(req.rid, None)
 
-    def _preempt(self, victim: ArReq) -> None:
+    def _preempt(self, victim: ArReq, reset: bool = False) -> None:
         """Vidur's restart: its prefill becomes all it knows, and it goes back to its request
         queue, which is sorted by arrival before prefills are admitted."""
         self.prefill_tokens[victim.rid] = victim.known
-        super()._preempt(victim)
+        super()._preempt(victim, reset)
         self.waiting: deque[ArReq] = deque(sorted(self.waiting, key=_arrival))
 
     # ------------------------------------------------------------------ one batch

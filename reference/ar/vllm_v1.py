@@ -65,9 +65,9 @@ from dataclasses import dataclass
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
-from spec.ar.events import ArAwaiting, ArReady
+from spec.ar.events import AR_PAUSE_STATES, ArAwaiting, ArCacheReset, ArPauseSet, ArReady
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
-from spec.errors import UnknownRequest
+from spec.errors import ConfigError, UnknownRequest
 from spec.implementation import ArImplementation
 
 
@@ -117,6 +117,7 @@ class VllmV1Scheduler(ArSchedulerBase):
         self._held = False
         self._carried_prefill = False
         self._step_running: set[str] = set()
+        self._pause = "unpaused"  # the operator's pause state (`set_pause`)
 
     @property
     def rules(self) -> ArRules:
@@ -130,7 +131,31 @@ class VllmV1Scheduler(ArSchedulerBase):
     def _victim_any(self) -> bool:
         return self.options.victim_among_all and self.config.policy is Policy.PRIORITY
 
+    def set_pause(self, state: str) -> None:
+        """`ArPausingAdapter`: between steps, the operator's pause state (vLLM's
+        `set_pause_state`): "paused_new" admits no request (the running ones run; vLLM's
+        cache-aware window still reorders), "paused_all" schedules nothing and leaves the
+        prefill cadence as it was; emits `ArPauseSet`. `ConfigError` for another state."""
+        if state not in AR_PAUSE_STATES:
+            raise ConfigError("state", state, f"one of {list(AR_PAUSE_STATES)}")
+        self._pause = state
+        self.sink(ArPauseSet(state))
+
+    def reset_cache(self) -> None:
+        """`ArPausingAdapter`: between steps, an operator's cache reset (vLLM's
+        `reset_prefix_cache(reset_running_requests=True)`): every running request is
+        preempted, the last first (`ArPreempted` with `reset`), so they wait in running order;
+        then every cached block is forgotten (`ArCacheReset`)."""
+        for victim in reversed(list(self.running)):
+            self._preempt(victim, reset=True)
+        pool = self.pool
+        if isinstance(pool, CachingBlockPool):
+            pool.reset()
+        self.sink(ArCacheReset())
+
     def _schedule(self) -> None:
+        if self._pause == "paused_all":
+            return  # vLLM: no budget; no pass, so the cadence's escape is not recomputed
         self._threshold = self._step_threshold()
         self._held = self._cadence_holds()
         self._carried_prefill = False
@@ -394,6 +419,8 @@ class VllmV1Scheduler(ArSchedulerBase):
         """The waiting request the admission pass takes next (promoted, `_promote`), or None
         where the pass ends: no budget or seat left, or no request it may admit. The requests
         it skipped on the way are deferred (`_defer_skipped`)."""
+        if self._pause != "unpaused":
+            return None  # paused for new requests: vLLM's pass takes none
         if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
             return None
         if not self._admissible():

@@ -7,6 +7,7 @@ from spec.ar.adapter import (
     ArAwaitingAdapter,
     ArEventSink,
     ArImplementationFactory,
+    ArPausingAdapter,
     ArSchedulerAdapter,
 )
 from spec.ar.config import (
@@ -86,6 +87,7 @@ __all__ = [
     "ArInputFailed",
     "ArOutputTokens",
     "ArPauseSet",
+    "ArPausingAdapter",
     "ArPhase",
     "ArPolicy",
     "ArPoolView",

@@ -99,6 +99,26 @@ class ArAwaitingAdapter(Protocol):
         ...
 
 
+@runtime_checkable
+class ArPausingAdapter(Protocol):
+    """Optional, beside `ArSchedulerAdapter`: a scheduler an operator pauses and whose prefix
+    cache it resets between steps, as around a weight update (vLLM's `set_pause_state` and
+    `reset_prefix_cache(reset_running_requests=True)`, which `pause_scheduler` calls). A
+    decision twin that has it replays a log's `ArPauseSet` and cache resets (`check-trace
+    --twin`); one without it cannot (`CannotDrive`)."""
+
+    def set_pause(self, state: str) -> None:
+        """Between steps: set the pause state (`spec.ar.events.AR_PAUSE_STATES`: "unpaused";
+        "paused_new", no request admitted; "paused_all", nothing scheduled) and emit
+        `ArPauseSet(state)`."""
+        ...
+
+    def reset_cache(self) -> None:
+        """Between steps: preempt every running request, the last first (`ArPreempted` with
+        `reset`), then forget every cached block (`ArCacheReset`)."""
+        ...
+
+
 class ArImplementationFactory(Protocol):
     """Builds a fresh AR scheduler for `config` that reports its events to `sink`; it may
     refuse a configuration it does not support with `spec.errors.ConfigError`."""
