@@ -230,6 +230,17 @@ def test_a_twin_without_set_pause_replays_no_operators_operation(event: ArEvent)
     assert ops[3:] == [expected] + ([ArResetCache()] if isinstance(event, ArPauseSet) else [])
 
 
+def test_a_reset_of_an_idle_cache_is_replayed_only_by_a_twin_that_resets() -> None:
+    """A reset that preempted nothing: with prefix caching a twin that cannot reset is
+    `CannotDrive` (its cache would outlive the log's), one that can resets; without prefix
+    caching it changes no decision and is left out."""
+    events: list[ArEvent] = [*A_RUNS[:4], ArCacheReset(), ArStepEnd(1)]
+    with pytest.raises(CannotDrive, match="the log resets its cache between steps"):
+        operations(events, None, CACHING)
+    assert ArResetCache() in operations(events, None, CACHING, replay_pauses=True)
+    assert ArResetCache() not in operations(events, None, CFG)
+
+
 def operator_run(pause: str) -> list[ArEvent]:
     """The reference `vllm-v1` (prefix caching) serving a, b and c with an operator pausing it
     in `pause` after step 1, resetting its cache (a and b running are preempted), resuming

@@ -76,8 +76,9 @@ def operations(
     take the same hits on them: no hit is refused then. With `replay_pauses` (a twin that is
     an `ArPausingAdapter`), a pause is an operation (`ArPause`), and so is a cache reset
     (`ArResetCache`, at its first preemption, or at its `ArCacheReset` where it preempted
-    nothing), not `CannotDrive`. Without it an `ArCacheReset` that preempted nothing is not
-    replayed (as before)."""
+    nothing), not `CannotDrive`. Without it an `ArCacheReset` that preempted nothing is
+    `CannotDrive` where prefix caching is on (the twin's cache would outlive it), and changes
+    nothing otherwise."""
     stops = sampled_stops or {}
     named = _named_outputs(events) if replay_outputs else {}
     ops: list[ArOp] = []
@@ -137,7 +138,12 @@ def operations(
             if not resetting:  # a reset with nothing running
                 ops.append(ArResetCache())
             resetting = False
-        elif (isinstance(e, ArPreempted) and e.reset) or isinstance(e, ArPauseSet):
+        elif (
+            (isinstance(e, ArPreempted) and e.reset)
+            or isinstance(e, ArPauseSet)
+            # a reset that preempted nothing changes a twin's decisions only through its cache
+            or (isinstance(e, ArCacheReset) and config is not None and config.enable_prefix_caching)
+        ):
             what = "pauses the scheduler" if isinstance(e, ArPauseSet) else "resets its cache"
             raise CannotDrive(
                 f"the log {what} between steps, an operator's operation this twin does not "
