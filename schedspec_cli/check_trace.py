@@ -612,6 +612,7 @@ def _check_ar(
             return accepted
         return _violated(args, where, res.violation, counted)
     twin = extras.twin
+    replays = None
     if isinstance(twin, ArTwin):  # a log no twin replays (a pause, a cache reset): exit 2 first
         replays = twin_replays(twin, res.config) if res.config is not None else None
         outputs, pauses = (replays.outputs, replays.pauses) if replays else (False, False)
@@ -623,7 +624,7 @@ def _check_ar(
         return code
     with _twin_returns(twin.name):
         difference = ar_log_difference(
-            twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops
+            twin, kept or [], res.config, res.policy, res.idle_at_end, res.sampled_stops, replays
         )
     if note:
         print(f"note: {args.file}: {note}")

@@ -161,13 +161,15 @@ def ar_log_difference(
     policy: ArPolicy | None,
     ended_idle: bool,
     sampled_stops: Mapping[str, int],
+    replays: TwinReplays | None = None,
 ) -> str | None:
     """The first step where the twin decides otherwise than the log, or None; the twin runs
-    the log's operations under its own policy, or the log's (`policy`) when it declares none."""
+    the log's operations under its own policy, or the log's (`policy`) when it declares none.
+    `replays`: what the twin replays, where the caller found it already (`twin_replays`)."""
     from properties.ar.decisions import operations, twin_difference
     from properties.ar.harness import ArDrain
 
-    replays = twin_replays(twin, config)
+    replays = replays if replays is not None else twin_replays(twin, config)
     ops = operations(events, sampled_stops, config, policy, replays.outputs, replays.pauses)
     ops += [ArDrain(10_000)] if ended_idle else []
     own = twin.policy if twin.policy is not None else policy

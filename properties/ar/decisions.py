@@ -86,8 +86,8 @@ def operations(
     submitted = 0
     ahead = policy.hash_lookahead_tokens if policy is not None else 0
     resetting = False  # between a reset's first preemption and its `ArCacheReset`
-    guard = config is not None and not replay_outputs
-    hits = NamedOutputHits(config.block_size, ahead) if guard and config is not None else None
+    guard = config is not None and not replay_outputs  # no twin takes a hit on named outputs
+    hits = NamedOutputHits(config.block_size, ahead) if config is not None and guard else None
     for e in events:
         if isinstance(e, ArOutputTokens) and hits is not None:
             hits.named(e)
