@@ -590,7 +590,7 @@ def _check_ar(
         in_space(extras.named, ran)
         policy = ar_policy_for(extras.named, ran)
     if extras.twin is not None:
-        twin_runs(extras.twin, ran, extras.named)
+        twin_runs(extras.twin, ran, extras.named, extras.declared)
     note = ""
     if isinstance(extras.twin, ArTwin) and not args.twin_as_declared:  # before any event
         settings = extras.declared if extras.declared is not None else policy
@@ -615,8 +615,10 @@ def _check_ar(
     replays = None
     if isinstance(twin, ArTwin):  # a log no twin replays (a pause, a cache reset): exit 2 first
         replays = twin_replays(twin, res.config) if res.config is not None else None
-        outputs, pauses = (replays.outputs, replays.pauses) if replays else (False, False)
-        operations(kept or [], res.sampled_stops, res.config, res.policy, outputs, pauses)
+        outputs, pauses, drafts = (
+            (replays.outputs, replays.pauses, replays.drafts) if replays else (False,) * 3
+        )
+        operations(kept or [], res.sampled_stops, res.config, res.policy, outputs, pauses, drafts)
     declared = res.policy is not None and res.policy != ArPolicy()
     end = End(res.idle_at_end, res.waiting_ids, res.running_ids, res.unjudged_at_end)
     code = _finish(args, res.events, (res.steps, "steps"), end, extras, declared)

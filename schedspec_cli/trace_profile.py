@@ -170,7 +170,9 @@ def ar_log_difference(
     from properties.ar.harness import ArDrain
 
     replays = replays if replays is not None else twin_replays(twin, config)
-    ops = operations(events, sampled_stops, config, policy, replays.outputs, replays.pauses)
+    ops = operations(
+        events, sampled_stops, config, policy, replays.outputs, replays.pauses, replays.drafts
+    )
     ops += [ArDrain(10_000)] if ended_idle else []
     own = twin.policy if twin.policy is not None else policy
     return twin_difference(ops, events, config, twin.factory, own, subject="the log")
@@ -180,39 +182,45 @@ def ar_log_difference(
 class TwinReplays:
     """What of a log beyond its submissions, aborts and steps an AR twin replays: hits on
     another request's named outputs (its adapter sets `names_outputs`, as the reference
-    schedulers do: a conversation's next turn), and an operator's pauses (it is an
-    `ArPausingAdapter`, as `vllm-v1` is)."""
+    schedulers do: a conversation's next turn), an operator's pauses (it is an
+    `ArPausingAdapter`, as `vllm-v1` is), and a drafter's proposals (it is an
+    `ArDraftingAdapter`, as `vllm-v1` is)."""
 
     outputs: bool
     pauses: bool
+    drafts: bool = False
 
 
 def twin_replays(twin: ArTwin, config: ArConfig) -> TwinReplays:
     """What the twin, built for `config`, replays (`TwinReplays`)."""
-    from spec.ar.adapter import ArPausingAdapter
+    from spec.ar.adapter import ArDraftingAdapter, ArPausingAdapter
 
     adapter = twin.factory(config, lambda e: None)
     return TwinReplays(
         outputs=bool(getattr(adapter, "names_outputs", False)),
         pauses=isinstance(adapter, ArPausingAdapter),
+        drafts=isinstance(adapter, ArDraftingAdapter),
     )
 
 
 def twin_runs(
-    twin: DllmTwin | ArTwin, config: DllmConfig | ArConfig, named: TraceProfile | None
+    twin: DllmTwin | ArTwin,
+    config: DllmConfig | ArConfig,
+    named: TraceProfile | None,
+    declared: ArPolicy | None = None,
 ) -> None:
     """Before any event is read: the twin must run the log's configuration (inside its own
-    declared space, or the profile's `named` when it declares none; built without refusing)."""
-    if (
-        isinstance(twin, ArTwin)
-        and isinstance(config, ArConfig)
-        and (config.num_lookahead_tokens or config.num_drafting_slots)
-    ):
+    declared space, or the profile's `named` when it declares none; built without refusing).
+    An AR log whose header `declared` keys cached blocks with the tokens after them
+    (`hash_lookahead_tokens`, EAGLE's with prefix caching) is refused: no AR twin's cache
+    keys do."""
+    ahead = declared.hash_lookahead_tokens if declared is not None else 0
+    caching = isinstance(config, ArConfig) and config.enable_prefix_caching
+    if isinstance(twin, ArTwin) and caching and ahead:
         raise CannotDrive(
-            f"the log's scheduler reserves a drafter's lookahead slots (num_lookahead_tokens="
-            f"{config.num_lookahead_tokens}) or input rows (num_drafting_slots="
-            f"{config.num_drafting_slots}), and no AR twin replays speculative decoding: "
-            "check the log without --twin"
+            f"the log's cache keys each block with the {ahead} token(s) after it "
+            "(hash_lookahead_tokens, an EAGLE drafter's with prefix caching), and no AR "
+            "twin's cache keys do: check the log without --twin"
         )
     if isinstance(twin, ArTwin) and isinstance(config, ArConfig) and twin.space is not None:
         most = twin.space.max_loras
@@ -220,12 +228,12 @@ def twin_runs(
             raise CannotDrive(_no_loras(twin.name, config, f"its space serves at most {most}"))
         bad = twin.space.outside(config)
         if bad is not None:  # as `verify --twin` refuses a twin not covering its configurations
-            name, value, declared = bad
+            name, value, space = bad
             raise ConfigError(
                 "--twin",
                 twin.name,
                 f"a twin whose declared space holds the log's configuration ({name}={value!r} "
-                f"is outside it: the twin declares {declared})",
+                f"is outside it: the twin declares {space})",
             )
     try:
         if isinstance(twin, DllmTwin) and isinstance(config, DllmConfig):

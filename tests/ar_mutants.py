@@ -381,9 +381,9 @@ class CadenceRestartsOnAdmissions(PrefixCachingVllmV1):
     def __init__(self, config: ArConfig, sink: ArEventSink) -> None:
         super().__init__(config, sink, VLLM_033_CADENCE)
 
-    def _emit_scheduled(self, req: ArReq, num_tokens: int) -> None:
+    def _emit_scheduled(self, req: ArReq, num_tokens: int, drafts: int = 0) -> None:
         carried = self._carried_prefill
-        super()._emit_scheduled(req, num_tokens)
+        super()._emit_scheduled(req, num_tokens, drafts)
         if req.rid in self._step_running:
             self._carried_prefill = carried
 

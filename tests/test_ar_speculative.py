@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from properties.ar.decisions import operations
 from properties.ar.trace_check import check_ar_trace
 from schedspec_cli.main import main
 from spec.ar.config import AdmissionOrder, ArConfig, ArRules, Policy, VictimOrder
@@ -36,7 +35,7 @@ from spec.ar.events import (
 )
 from spec.ar.profile import ArPolicy
 from spec.ar.trace import ar_config_from_dict, ar_config_to_dict, ar_event_to_dict
-from spec.errors import CannotDrive, ConfigError
+from spec.errors import ConfigError
 from spec.trace import TraceFormatError
 from tests.test_ar_free_keeps_computed import log_of, verdict
 
@@ -319,20 +318,6 @@ def test_drafts_and_the_draft_limit_in_the_log_format() -> None:
             check_ar_trace([lines[0], bad + "\n"])
 
 
-def test_no_twin_replays_drafts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(CannotDrive, match="no AR twin replays speculative decoding"):
-        operations(A_RUN)
-    log = tmp_path / "drafts.jsonl"
-    log.write_text("".join(log_of(A_RUN, CFG)))
-    assert main(["check-trace", str(log)]) == 0
-    capsys.readouterr()
-    assert main(["check-trace", str(log), "--twin", "vllm-v1"]) == 2
-    out, err = capsys.readouterr()
-    assert "OK" not in out, out
-    assert "no AR twin replays speculative decoding" in err, err
-    assert len(err.strip().splitlines()) == 1, err
-
-
 def test_a_victim_readmitted_in_its_step_keeps_no_stale_drafts() -> None:
     """Under vLLM 0.33's priority victim order (any running request, a scheduled one included)
     with same-step readmission declared, a victim scheduled with drafts, preempted and
@@ -473,18 +458,28 @@ def test_the_drafter_fields_in_the_header_and_their_bounds() -> None:
         CFG.replace(num_drafting_slots=16)
 
 
-def test_no_twin_replays_a_drafters_slots(
+def test_the_twin_replays_a_drafters_slots_but_not_eagles_cache_keys(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A log whose scheduler reserves lookahead slots differs from any twin's allocations
-    even where no draft was proposed: `--twin` is an input error, one line, before any
-    event is read."""
+    """A log whose scheduler reserves lookahead slots is replayed: the `vllm-v1` twin
+    allocates them too (2 blocks for 4 tokens and 2 slots), and without them it would
+    allocate 1. A log whose header keys cached blocks with the token after them
+    (`hash_lookahead_tokens`, EAGLE's with prefix caching) is an input error, one line,
+    before any verdict: no twin's cache keys follow."""
     log = tmp_path / "lookahead.jsonl"
-    log.write_text("".join(log_of(A_PREFILLED, LOOKAHEAD.replace(num_speculative_tokens=0))))
-    assert main(["check-trace", str(log)]) == 0  # its 2 blocks hold its 4 tokens and 2 slots
+    lookahead = LOOKAHEAD.replace(num_speculative_tokens=0)
+    log.write_text("".join(log_of(A_PREFILLED, lookahead)))
+    assert main(["check-trace", str(log), "--twin", "vllm-v1"]) == 0
     capsys.readouterr()
-    assert main(["check-trace", str(log), "--twin", "vllm-v1"]) == 2
+    log.write_text("".join(log_of(A_PREFILLED, lookahead.replace(num_lookahead_tokens=0))))
+    assert main(["check-trace", str(log), "--twin", "vllm-v1"]) == 1  # 2 blocks, not 1
+    capsys.readouterr()
+    caching = lookahead.replace(enable_prefix_caching=True)
+    log.write_text("".join(log_of(A_PREFILLED, caching, ArPolicy(hash_lookahead_tokens=1))))
+    assert main(["check-trace", str(log)]) == 0
+    capsys.readouterr()
+    assert main(["check-trace", str(log), "--twin", "vllm-v1-prefix"]) == 2
     out, err = capsys.readouterr()
     assert "OK" not in out, out
-    assert "no AR twin replays speculative decoding" in err and "lookahead" in err, err
+    assert "hash_lookahead_tokens" in err and "no AR twin's cache keys" in err, err
     assert len(err.strip().splitlines()) == 1, err

@@ -6,7 +6,10 @@ outputs after the sampled token. The log writes the drafts on `ar_scheduled` and
 `ar_drafts_verified` per drafted request before the update's frees, and its header declares
 `num_speculative_tokens`. The engine-core loop's speculative model
 (`integrations.vllm.speculative`) accepts each draft with probability 0.6, so the logs hold
-rejections and acceptances both.
+rejections and acceptances both. The log names each proposal (`ar_drafts_proposed`, from
+`update_draft_token_ids`), and the `vllm-v1` twins replay them: they decide alike, padding
+included (vLLM pads a waiting request with one token left to 1 + k tokens), and a vLLM that
+stopped padding, or padded less, is caught by the twin alone (the spec allows either).
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -14,18 +17,24 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from integrations.patches import EngineFix
 from integrations.vllm import MANIFEST
 from integrations.vllm.core_loop import EngineCoreViolation
 from integrations.vllm.engine_core import EngineCoreLoop, core_program
 from integrations.vllm.event_log import VllmEventLog
+from integrations.vllm.patches import SCHEDULER_MODULE, ScheduleFix
 from properties.ar.trace_check import check_ar_trace
 from tests.engine_gate import require_engine
+from tests.test_twin_settings import check
 
 SEEDS = range(6)
 K = 2
@@ -36,14 +45,19 @@ def _vllm() -> None:
     require_engine(MANIFEST, "vllm", "vLLM")
 
 
-def drafted_log(seed: int, prefix_caching: bool = True) -> list[str]:
-    """The live log of the engine-core loop serving `core_program(seed)` with K drafts."""
+def drafted_log(
+    seed: int, prefix_caching: bool = True, bug: ScheduleFix | None = None
+) -> list[str]:
+    """The live log of the engine-core loop serving `core_program(seed)` with K drafts
+    (`bug` planted in the scheduler first)."""
     program = core_program(seed)
     config = program.config.replace(enable_prefix_caching=prefix_caching)
     program = replace(program, config=config)
     lines: list[str] = []
 
     def attach(scheduler: Any) -> None:
+        if bug is not None:
+            bug.apply(scheduler)
         VllmEventLog(scheduler, lines.append)
 
     EngineCoreLoop(config, async_scheduling=False, mutate=attach, speculative_tokens=K).run(program)
@@ -182,3 +196,103 @@ def test_a_drafted_request_vllm_ends_in_error_is_verified_before_its_frees(
     # ended in error, or (beside-a-finish) stopped by the loop before vLLM's error pass
     assert ended[:2] == ["ar_drafts_verified", "ar_blocks_freed"], ended
     assert ended[2] in {"ar_aborted", "ar_finished"}, ended
+
+
+def tally_drafted_logs(
+    seeds: Iterable[int], prefix_caching: bool = True, bug: ScheduleFix | None = None
+) -> dict[str, int]:
+    """For the by-hand runs of docs/engines/vllm.md: each seed's log with K ngram drafts
+    (`bug` planted), checked and then replayed by `--twin vllm-v1[-prefix]`: how many
+    conform, how many of those the twin decides alike (exit 0) or otherwise (exit 1), and
+    the proposals and drafted schedules the logs hold."""
+    tally: Counter[str] = Counter()
+    twin = "vllm-v1-prefix" if prefix_caching else "vllm-v1"
+    with tempfile.TemporaryDirectory() as folder:
+        for seed in seeds:
+            lines = drafted_log(seed, prefix_caching, bug)
+            result = check_ar_trace(lines)
+            if not result.ok:
+                assert result.violation is not None
+                tally[f"violation {result.violation.rule}"] += 1
+                continue
+            tally["proposals"] += sum('"ar_drafts_proposed"' in line for line in lines)
+            tally["drafted"] += sum('"drafts"' in line and "ar_scheduled" in line for line in lines)
+            tally[f"twin exit {twin_verdict(lines, Path(folder), twin)[0]}"] += 1
+    return dict(tally)
+
+
+def twin_verdict(lines: list[str], tmp_path: Path, twin: str) -> tuple[int, str]:
+    """`check-trace LOG --twin TWIN` on `lines`: its exit code and what it printed."""
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return check(str(path), "--twin", twin)
+
+
+def test_the_log_names_the_proposals_and_the_twin_replays_them(
+    logs: dict[int, list[str]], tmp_path: Path
+) -> None:
+    """Every drafted schedule of a running request was proposed (the check holds the log to
+    it), and the twins decide alike on every seed, with prefix caching and without."""
+    proposals = 0
+    for seed, lines in logs.items():
+        proposals += sum('"ar_drafts_proposed"' in line for line in lines)
+        code, said = twin_verdict(lines, tmp_path, "vllm-v1-prefix")
+        assert code == 0, f"seed {seed}: {said}"
+    assert proposals >= 20, proposals
+    for seed in range(3):
+        code, said = twin_verdict(drafted_log(seed, prefix_caching=False), tmp_path, "vllm-v1")
+        assert code == 0, f"seed {seed}: {said}"
+
+
+def _schedule_bug(name: str, old: str, new: str) -> ScheduleFix:
+    return ScheduleFix(
+        EngineFix(
+            name,
+            ((SCHEDULER_MODULE, old, new),),
+            ((SCHEDULER_MODULE, "Scheduler.schedule"),),
+            f"seeded bug: {name}",
+        )
+    )
+
+
+#: Seeded bug: vLLM no longer pads a new decode to 1 + k tokens (its condition never holds).
+PADS_NOTHING = _schedule_bug(
+    "pads-nothing",
+    "                        and num_new_tokens == 1\n",
+    "                        and num_new_tokens == 0\n",
+)
+#: Seeded bug: where the budget cannot take the padding, vLLM schedules the request unpadded
+#: rather than stop admitting ("Prefer to not schedule than schedule un-padded" undone).
+UNPADDED_WHEN_SHORT = _schedule_bug(
+    "unpadded-when-short",
+    "                            if padded_num_tokens > request_token_budget:\n"
+    "                                # Prefer to not schedule than schedule un-padded.\n"
+    "                                break\n"
+    "                            num_new_tokens = padded_num_tokens\n"
+    "                            pad_spec_decode = True\n",
+    "                            if padded_num_tokens <= request_token_budget:\n"
+    "                                num_new_tokens = padded_num_tokens\n"
+    "                                pad_spec_decode = True\n",
+)
+
+
+@pytest.mark.parametrize(
+    ("bug", "seeds"),
+    [(PADS_NOTHING, (18, 27)), (UNPADDED_WHEN_SHORT, (26,))],
+    ids=["pads-nothing", "unpadded-when-short"],
+)
+def test_a_vllm_that_pads_otherwise_is_caught_by_the_twin(
+    bug: ScheduleFix, seeds: tuple[int, ...], tmp_path: Path
+) -> None:
+    """Padding is vLLM's choice, which the spec allows and does not require: a log of a vLLM
+    that pads otherwise conforms, and only the twin, which pads as vLLM 0.33.0 does, tells
+    (these seeds: 3 and 1 of the first 40 programs, with prefix caching and without); the
+    released vLLM decides alike on them."""
+    for seed in seeds:
+        lines = drafted_log(seed, bug=bug)
+        result = check_ar_trace(lines)
+        assert result.ok, f"seed {seed}: {result.violation}"
+        code, said = twin_verdict(lines, tmp_path, "vllm-v1-prefix")
+        assert code == 1 and "[twin_decisions]" in said and "schedules" in said, said
+        code, said = twin_verdict(drafted_log(seed), tmp_path, "vllm-v1-prefix")
+        assert code == 0, f"released, seed {seed}: {said}"

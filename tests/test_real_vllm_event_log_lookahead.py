@@ -19,9 +19,11 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +42,7 @@ from spec.ar.trace import ArTraceReader
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.test_real_vllm_cache_aware import has_the_setting
+from tests.test_twin_settings import check
 
 #: Programs of the engine-core loop whose pool holds one `max_model_len` sequence with the
 #: drafter's lookahead (vLLM refuses a smaller one at start-up) and a budget above it, with
@@ -64,14 +67,16 @@ def lookahead_log(
     programs: Callable[[int], CoreProgram] = core_program,
     seeded: Callable[[Any], None] | None = None,
     into: list[str] | None = None,
+    prefix_caching: bool = True,
 ) -> list[str]:
-    """The live log of the engine-core loop serving `programs(seed)` with prefix caching and
-    K drafts by `method`; `watch` receives the scheduler; `window` > 0 serves vLLM 0.34.0's
-    cache-aware admission window (threshold 0: every hit ranks); `seeded` is applied to the
-    scheduler once the log is attached (a seeded bug); the log's lines go to `into` (when
-    given: kept if the loop raises) and are returned."""
+    """The live log of the engine-core loop serving `programs(seed)` with prefix caching (or
+    not) and K drafts by `method`; `watch` receives the scheduler; `window` > 0 serves vLLM
+    0.34.0's cache-aware admission window (threshold 0: every hit ranks); `seeded` is applied
+    to the scheduler once the log is attached (a seeded bug); the log's lines go to `into`
+    (when given: kept if the loop raises) and are returned."""
     program = programs(seed)
-    program = replace(program, config=program.config.replace(enable_prefix_caching=True))
+    config = program.config.replace(enable_prefix_caching=prefix_caching)
+    program = replace(program, config=config)
     lines: list[str] = [] if into is None else into
 
     def attach(scheduler: Any) -> None:
@@ -128,9 +133,41 @@ def tally_lookahead_logs(method: str, seeds: Iterable[int]) -> dict[str, int]:
         tally["conform" if result.ok else f"violation {result.violation}"] += 1
         for line in lines[1:]:
             event = json.loads(line)
-            tally["drafted steps"] += bool(event.get("drafts"))
+            tally["drafted steps"] += event["kind"] == "ar_scheduled" and bool(event.get("drafts"))
             tally["preemptions"] += event["kind"] == "ar_preempted"
             tally["hits"] += event["kind"] == "ar_cache_hit"
+    return dict(tally)
+
+
+def tally_twin_verdicts(
+    method: str,
+    seeds: Iterable[int],
+    *,
+    prefix_caching: bool = True,
+    seeded: Callable[[Any], None] | None = None,
+) -> dict[str, int]:
+    """For the by-hand runs of docs/engines/vllm.md: `check-trace LOG --twin vllm-v1[-prefix]`
+    on each seed's log by `method` (`seeded`: a bug planted first), by exit code (0: conforms
+    and decides alike; 1: a violation or a twin difference; 2: the twin refused); programs
+    refused at start-up or stopped by the loop are counted apart."""
+    tally: Counter[str] = Counter()
+    twin = "vllm-v1-prefix" if prefix_caching else "vllm-v1"
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "log.jsonl"
+        for seed in seeds:
+            lines: list[str] = []
+            try:
+                lookahead_log(
+                    seed, method, seeded=seeded, into=lines, prefix_caching=prefix_caching
+                )
+            except ConfigError:
+                tally["refused"] += 1
+                continue
+            except EngineCoreViolation:
+                tally["stopped"] += 1
+                continue
+            path.write_text("".join(f"{line}\n" for line in lines))
+            tally[f"exit {check(str(path), '--twin', twin)[0]}"] += 1
     return dict(tally)
 
 
@@ -175,7 +212,7 @@ def test_a_live_log_with_lookahead_slots_conforms(method: str) -> None:
         for line in lines[1:]:
             event = json.loads(line)
             tally[event["kind"]] += 1
-            tally["drafted"] += bool(event.get("drafts"))
+            tally["drafted"] += event["kind"] == "ar_scheduled" and bool(event.get("drafts"))
     # the logs hold what lookahead changes: blocks past the step, drafts, hits and preemptions
     assert tally["past the step"] >= 20, tally
     assert tally["drafted"] >= 20 and tally["ar_drafts_verified"] == tally["drafted"], tally

@@ -9,7 +9,7 @@ configuration and the policy vLLM declares, `REAL_VLLM_PROFILE` with the orderin
 under vLLM's declared policy, and `--twin vllm-v1` compares its decisions with the
 re-implementation's on the log's own operations.
 
-It wraps six methods of that one scheduler instance (nothing of vLLM's classes changes), and
+It wraps seven methods of that one scheduler instance (nothing of vLLM's classes changes), and
 derives the events from the pools around each call, as `RealVllmScheduler` does
 (`spec.ar.reconstruct`):
 
@@ -33,7 +33,9 @@ derives the events from the pools around each call, as `RealVllmScheduler` does
 - `reset_prefix_cache`: with `reset_running_requests` (a pause for a weight update clears the
   caches so), `ArPreempted` with `reset` for every running request it preempted, then
   `ArCacheReset` where the cache was emptied;
-- `set_pause_state` (`pause_scheduler`, `resume_scheduler`): `ArPauseSet` with the new state.
+- `set_pause_state` (`pause_scheduler`, `resume_scheduler`): `ArPauseSet` with the new state;
+- `update_draft_token_ids` (speculative decoding, after each step): `ArDraftsProposed` with
+  the drafts vLLM kept for each running request's next step (a twin replays them).
 
 Each call's events are derived only from queues that can be read as a state of the spec's
 (`integrations.vllm.adapter.check_queues`): where a scheduler of one's own left a request on
@@ -107,6 +109,7 @@ from spec.ar.events import (
     ArBlocksFreed,
     ArCacheHit,
     ArCacheReset,
+    ArDraftsProposed,
     ArDraftsVerified,
     ArEvent,
     ArFinished,
@@ -456,6 +459,7 @@ class VllmEventLog:
                 "finish_requests": self._finish_requests,
                 "reset_prefix_cache": self._reset_prefix_cache,
                 "set_pause_state": self._set_pause_state,
+                "update_draft_token_ids": self._update_draft_token_ids,
             },
         )
         paused = self._pause_name(scheduler.pause_state)
@@ -606,6 +610,19 @@ class VllmEventLog:
     def _pause_name(state: Any) -> str:
         """vLLM's `PauseState` as the spec's pause state (`AR_PAUSE_STATES`)."""
         return str(state.name).lower()
+
+    def _update_draft_token_ids(self, draft_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        """The drafter's proposals after a step (`EngineCore.post_step`): `ArDraftsProposed`
+        for each running request that vLLM kept drafts for (not a prefill chunk's; a
+        grammar's check may have cut them), so a twin schedules what vLLM could."""
+        result = self._calls["update_draft_token_ids"](draft_token_ids, *args, **kwargs)
+        running = {str(r.request_id) for r in self.scheduler.running}
+        for rid in dict.fromkeys(str(r) for r in draft_token_ids.req_ids):
+            request = self.scheduler.requests.get(rid)
+            kept = len(request.spec_token_ids) if request is not None else 0
+            if rid in running and kept:
+                self._emit(ArDraftsProposed(rid, kept))
+        return result
 
     def _set_pause_state(self, state: Any, *args: Any, **kwargs: Any) -> Any:
         """vLLM's pause (`pause_scheduler`, between steps): `ArPauseSet` with the new state."""

@@ -27,6 +27,7 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     multiple,
+    precondition,
     rule,
 )
 
@@ -61,6 +62,7 @@ def ar_conformance_machine(
     twin: ArImplementationFactory | None = None,
     twin_policy: ArPolicy | None = None,
     loras: bool = False,
+    drafts: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class checking `factory`'s AR implementation against the AR spec, under
     `profile` (default: the idealised spec, every configuration).
@@ -74,6 +76,10 @@ def ar_conformance_machine(
         half the configurations get one or two slots, and their requests one of three
         adapters or the base model (rule `lora_slots`). Off by default, so that the examples
         of every other suite are drawn as before.
+    drafts: draw speculative decoding too (`num_speculative_tokens` 0 to 3), and a rule
+        `propose` by which a drafter proposes drafts for a decoding request's next step and
+        the model will accept some (`spec.ar.ArDraftingAdapter`; rule
+        `speculative_drafts`). Off by default, as `loras`.
     """
     prof = profile if profile is not None else ArProfile()
     space = prof.space
@@ -82,7 +88,7 @@ def ar_conformance_machine(
     elif space == ArConfigSpace():
         config_strategy = ar_configs(policies=DEFAULT_POLICIES)
     else:
-        config_strategy = ar_configs_in(space, loras=loras)
+        config_strategy = ar_configs_in(space, loras=loras, drafts=drafts)
     step_counter = counter or StepCounter()
 
     class ArConformance(ConformanceBase[ArHarness]):
@@ -199,9 +205,29 @@ def ar_conformance_machine(
             if differs is not None:
                 raise h._violate("twin_decisions", differs)
 
-    ArConformance.__name__ = name
-    ArConformance.__qualname__ = name
-    return ArConformance
+    if not drafts:
+        ArConformance.__name__ = name
+        ArConformance.__qualname__ = name
+        return ArConformance
+
+    class ArDraftingConformance(ArConformance):
+        # a subclass, so that the suites without drafts draw their rules as before
+        @precondition(lambda self: self.h is not None and self.h.config.num_speculative_tokens)
+        @rule(data=st.data())
+        def propose(self, data: st.DataObject) -> None:
+            """The drafter proposes 1 to k drafts for a decoding request's next step; the
+            model will accept the first few of those the step schedules."""
+            decoding = self.harness.spec.decoding_requests()
+            if not decoding:
+                return
+            rid = data.draw(st.sampled_from(decoding), "request")
+            k = self.harness.config.num_speculative_tokens
+            drafts = data.draw(st.integers(1, k), "drafts")
+            accepted = data.draw(st.integers(0, drafts), "accepted")
+            self.run("propose_drafts", self.harness.propose_drafts, rid, drafts, accepted)
+
+    ArDraftingConformance.__name__ = ArDraftingConformance.__qualname__ = name
+    return ArDraftingConformance
 
 
 __all__ = ["DEFAULT_POLICIES", "ar_conformance_machine"]

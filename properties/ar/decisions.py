@@ -25,6 +25,7 @@ from properties.ar.harness import (
     ArInputReady,
     ArOp,
     ArPause,
+    ArPropose,
     ArResetCache,
     ArStep,
     ArSubmit,
@@ -38,7 +39,10 @@ from spec.ar.events import (
     ArAwaiting,
     ArCacheHit,
     ArCacheReset,
+    ArDraftsProposed,
+    ArDraftsVerified,
     ArEvent,
+    ArFinished,
     ArOutputTokens,
     ArPauseSet,
     ArPreempted,
@@ -58,16 +62,17 @@ def operations(
     policy: ArPolicy | None = None,
     replay_outputs: bool = False,
     replay_pauses: bool = False,
+    replay_drafts: bool = False,
 ) -> list[ArOp]:
     """The operations that reproduce `events`' run, in stream order: a submission per
     `ArSubmitted` (arrival = submission order, as the harness numbers them), an abort per
     `ArAborted`, a request held back per `ArAwaiting` and its input ready at its first
     `ArReady` (one in a step: before that step; its promotion the twin decides itself), a
     step per `ArStepEnd` (`CannotDrive` at a pause, a cache reset's preemption or draft
-    tokens, which no twin replays, and, given the log's `config` and `policy` and without
-    `replay_outputs`, at a cache hit on another request's named outputs: `NamedOutputHits`).
-    A rejected submission or an abort
-    that changed nothing left no event and changes nothing; a drain shows as the steps it
+    tokens, which the twin does not replay without the flag for each below, and, given the
+    log's `config` and `policy` and without `replay_outputs`, at a cache hit on another
+    request's named outputs: `NamedOutputHits`). A rejected submission or an abort that
+    changed nothing left no event and changes nothing; a drain shows as the steps it
     ran. A request whose stop the log's engine sampled (`stop_sampled`) is scripted to stop
     where it did: its outputs at that finish, `sampled_stops` (`check_ar_trace(...,
     keep=...)` reads them off the log). With `replay_outputs` (a twin whose adapter sets
@@ -78,9 +83,15 @@ def operations(
     (`ArResetCache`, at its first preemption, or at its `ArCacheReset` where it preempted
     nothing), not `CannotDrive`. Without it an `ArCacheReset` that preempted nothing is
     `CannotDrive` where prefix caching is on (the twin's cache would outlive it), and changes
-    nothing otherwise."""
+    nothing otherwise. With `replay_drafts` (a twin that is an `ArDraftingAdapter`), each
+    `ArDraftsProposed` is a proposal (`ArPropose`) whose acceptance is the one the log
+    verified after the request's next schedule (`_proposal_acceptances`); a log that names
+    no proposal gets one per schedule that carried drafts, of the drafts it carried, just
+    before that step (so a twin cannot then schedule more drafts than the log did)."""
     stops = sampled_stops or {}
     named = _named_outputs(events) if replay_outputs else {}
+    accepted = _proposal_acceptances(events) if replay_drafts else {}
+    proposals_named = any(isinstance(e, ArDraftsProposed) for e in events)
     ops: list[ArOp] = []
     pending: set[str] = set()  # awaiting an input the log has not said is ready
     submitted = 0
@@ -88,7 +99,10 @@ def operations(
     resetting = False  # between a reset's first preemption and its `ArCacheReset`
     guard = config is not None and not replay_outputs  # no twin takes a hit on named outputs
     hits = NamedOutputHits(config.block_size, ahead) if config is not None and guard else None
-    for e in events:
+    running: set[str] = set()  # requests scheduled since their admission (drafts replayed)
+    for i, e in enumerate(events):
+        if isinstance(e, ArPreempted | ArFinished | ArAborted):
+            running.discard(e.request_id)
         if isinstance(e, ArOutputTokens) and hits is not None:
             hits.named(e)
         earlier = hits.covered_by(e) if isinstance(e, ArCacheHit) and hits else None
@@ -150,15 +164,48 @@ def operations(
                 "replay (it has no set_pause and reset_cache): check the log without --twin, "
                 "or name a twin that has them (vllm-v1)"
             )
-        elif isinstance(e, ArScheduled) and e.drafts:
+        elif isinstance(e, ArDraftsProposed) and replay_drafts:
+            ops.append(ArPropose(e.request_id, e.drafts, accepted.get(i, 0)))
+        elif isinstance(e, ArScheduled) and e.drafts and replay_drafts:
+            # the drafts a running request carried, proposed just before its step (a waiting
+            # one's are the engine's padding of a new decode, which the twin decides itself)
+            if not proposals_named and e.request_id in running:
+                ops.append(ArPropose(e.request_id, e.drafts, accepted.get(i, 0)))
+        elif (isinstance(e, ArScheduled) and e.drafts) or isinstance(e, ArDraftsProposed):
             raise CannotDrive(
-                f"the log schedules draft tokens ({e.request_id!r} in a step), and no AR twin "
-                "replays speculative decoding (whose drafts the model proposes and accepts): "
-                "check the log without --twin"
+                f"the log schedules draft tokens ({e.request_id!r} in a step), and this twin "
+                "does not replay a drafter (it has no propose_drafts): check the log without "
+                "--twin, or name a twin that has it (vllm-v1)"
             )
         elif isinstance(e, ArStepEnd):
             ops.append(ArStep())
+        if isinstance(e, ArScheduled):
+            running.add(e.request_id)
     return ops
+
+
+def _proposal_acceptances(events: Sequence[ArEvent]) -> dict[int, int]:
+    """Index of each `ArDraftsProposed`, and of each `ArScheduled` with drafts, -> the
+    drafts the model accepted in the request's verification after that proposal's schedule
+    (the first `ArScheduled` of the request after the proposal, and that schedule itself):
+    the model accepts a prefix of the drafts, so a twin that schedules another number of
+    them accepts at most as many. 0 where the proposal was never scheduled with drafts."""
+    out: dict[int, int] = {}
+    proposal: dict[str, int] = {}  # request -> index of its open proposal
+    verifying: dict[str, list[int]] = {}  # request -> indices its next verification settles
+    for i, e in enumerate(events):
+        if isinstance(e, ArDraftsProposed):
+            proposal[e.request_id] = i
+            out[i] = 0
+        elif isinstance(e, ArScheduled):
+            opened = proposal.pop(e.request_id, None)
+            if e.drafts:
+                verifying[e.request_id] = [i] + ([opened] if opened is not None else [])
+                out[i] = 0
+        elif isinstance(e, ArDraftsVerified):
+            for j in verifying.pop(e.request_id, []):
+                out[j] = e.accepted
+    return out
 
 
 def _named_outputs(events: Sequence[ArEvent]) -> dict[str, tuple[int, ...]]:
@@ -253,6 +300,8 @@ def apply_ar_ops(harness: ArHarness, ops: Sequence[ArOp]) -> None:
             harness.set_pause(op.state)
         elif isinstance(op, ArResetCache):
             harness.reset_cache()
+        elif isinstance(op, ArPropose):
+            harness.propose_drafts(op.request_id, op.drafts, op.accepted)
         else:
             harness.drain(op.max_steps)
 

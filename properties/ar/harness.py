@@ -8,7 +8,7 @@ step, abort and drain. The spec checks the ordering rules the implementation dec
 
 The harness records every operation it was asked for (`ops`: `ArSubmit`, `ArAbort`, `ArStep`,
 `ArDrain`, for a request awaiting an input `ArAwait` and `ArInputReady`, and an operator's
-`ArPause` and `ArResetCache`; rejected
+`ArPause` and `ArResetCache`, and a drafter's `ArPropose`; rejected
 submissions and unknown aborts included), so that the same run can be
 replayed through another implementation (`properties.ar.decisions`).
 """
@@ -22,6 +22,7 @@ from properties.adapter_check import require_adapter
 from properties.replay import ReplayHarness
 from spec.ar.adapter import (
     ArAwaitingAdapter,
+    ArDraftingAdapter,
     ArImplementationFactory,
     ArPausingAdapter,
     ArSchedulerAdapter,
@@ -92,8 +93,26 @@ class ArResetCache:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class ArPropose:
+    """The operation that scripts the drafter's proposal for a running request's next step
+    and how many of it the model accepts (`ArDraftingAdapter.propose_drafts`)."""
+
+    request_id: str
+    drafts: int
+    accepted: int
+
+
 ArOp: TypeAlias = (
-    ArSubmit | ArAbort | ArStep | ArDrain | ArAwait | ArInputReady | ArPause | ArResetCache
+    ArSubmit
+    | ArAbort
+    | ArStep
+    | ArDrain
+    | ArAwait
+    | ArInputReady
+    | ArPause
+    | ArResetCache
+    | ArPropose
 )
 
 
@@ -209,6 +228,22 @@ class ArHarness(ReplayHarness[ArSpecMachine]):
         """Reset the prefix cache between steps (`ArPausingAdapter`)."""
         self.ops.append(ArResetCache())
         self.pausing_impl("resets its cache").reset_cache()
+
+    def drafting_impl(self) -> ArDraftingAdapter:
+        """The implementation as an `ArDraftingAdapter`; `CannotDrive` when it is not one."""
+        impl = self.impl
+        if not isinstance(impl, ArDraftingAdapter):
+            raise CannotDrive(
+                f"{type(impl).__name__} replays no drafter (it has no propose_drafts), and the "
+                "log schedules draft tokens: check the log without --twin, or name a twin that "
+                "has it (vllm-v1)"
+            )
+        return impl
+
+    def propose_drafts(self, request_id: str, drafts: int, accepted: int) -> None:
+        """Script the drafter's proposal for the request's next step (`ArDraftingAdapter`)."""
+        self.ops.append(ArPropose(request_id, drafts, accepted))
+        self.drafting_impl().propose_drafts(request_id, drafts, accepted)
 
     def step(self) -> None:
         """Run one step; it must end (`ArStepEnd`, else `step_order`), then the snapshot is

@@ -26,13 +26,16 @@ def ar_configs(
     prefix_caching: tuple[bool, ...] = (False,),
     null_block: tuple[bool, ...] = (False, True),
     max_loras: tuple[int, ...] = (0,),
+    speculative_tokens: tuple[int, ...] = (0,),
 ) -> ArConfig:
     """An AR configuration: `max_model_len` 4..24, 1..`max_seqs` seats, a token budget of at
     least the seat count (and `max_model_len` without chunked prefill) up to twice
     `max_model_len`, a pool from one request's most blocks to about twice that (plus the null
     block when reserved); every other option drawn from the choices given for it (LoRA
-    adapter slots, `max_loras`, drawn last and only where there is a choice, so that the
-    examples without them are drawn as before)."""
+    adapter slots, `max_loras`, and then the drafts a step may verify,
+    `num_speculative_tokens` with the drafter's lookahead slots and input rows, drawn last
+    and only where there is a choice, so that the examples without them are drawn as
+    before)."""
     bs = draw(block_sizes if block_sizes is not None else st.sampled_from([1, 1, 2, 3, 4]))
     max_model_len = draw(st.integers(4, 24))
     chunk = draw(st.sampled_from(chunked))
@@ -45,7 +48,7 @@ def ar_configs(
     threshold = 0
     if chunk and thresholds and draw(st.booleans()):
         threshold = draw(st.integers(1, max_model_len))
-    return ArConfig(
+    config = ArConfig(
         block_size=bs,
         num_blocks=usable + (1 if reserve else 0),
         reserve_null_block=reserve,
@@ -62,6 +65,42 @@ def ar_configs(
         num_replicas=draw(st.sampled_from(replicas)),
         enable_prefix_caching=draw(st.sampled_from(prefix_caching)),
         max_loras=draw(st.sampled_from(max_loras)) if max_loras != (0,) else 0,
+        num_speculative_tokens=(
+            draw(st.sampled_from(speculative_tokens)) if speculative_tokens != (0,) else 0
+        ),
+    )
+    k = config.num_speculative_tokens
+    if not k:
+        return config
+    # the drafter: ngram (no KV of its own), EAGLE (k lookahead slots), a draft model (k
+    # slots and an input row per scheduled request, where the budget has room beside it)
+    drafter = draw(st.sampled_from(DRAFTERS))
+    # (soft preemption, the spec's own policy, asks room for a request's next token, not for
+    # a drafter's slots past it: vLLM has no soft preemption to say what it would ask)
+    if drafter == "ngram" or config.policy is Policy.PRIORITY_SOFT:
+        return _room_to_pad(config)
+    rows = 1 if drafter == "draft_model" and budget > seqs else 0
+    # vLLM refuses a pool that cannot hold one sequence with its lookahead slots
+    most = -(-max_model_len // bs)
+    return _room_to_pad(
+        config.replace(
+            num_lookahead_tokens=k,
+            num_drafting_slots=rows,
+            num_blocks=max(config.num_blocks, most + int(reserve)),
+        )
+    )
+
+
+def _room_to_pad(config: ArConfig) -> ArConfig:
+    """`config` with a budget that holds vLLM's padding of a new decode (1 + k tokens beside
+    the drafter's rows): below it vLLM never admits a request with one token left after a
+    cache hit (a known finding, `integrations.vllm.spec_pad_fix`), which no suite need find
+    again."""
+    k = config.num_speculative_tokens
+    if not k:
+        return config
+    return config.replace(
+        max_num_batched_tokens=max(config.max_num_batched_tokens, 1 + k + config.num_drafting_slots)
     )
 
 
@@ -70,9 +109,12 @@ def ar_configs_in(
     max_seqs: int = 4,
     replicas: tuple[int, ...] = (1,),
     loras: bool = False,
+    drafts: bool = False,
 ) -> st.SearchStrategy[ArConfig]:
     """Configurations inside an implementation's declared space (only there); with `loras`,
-    LoRA adapter slots too (`lora_slot_choices`), where the space serves adapters."""
+    LoRA adapter slots too (`lora_slot_choices`), where the space serves adapters; with
+    `drafts`, speculative decoding (`num_speculative_tokens` 0 to 3, `DRAFT_CHOICES`, by
+    one of `DRAFTERS`)."""
     sizes = st.sampled_from(sorted(space.block_sizes)) if space.block_sizes is not None else None
     stages = tuple(sorted(space.stages)) if space.stages is not None else (1, 2)
     base = ar_configs(
@@ -86,6 +128,7 @@ def ar_configs_in(
         prefix_caching=tuple(sorted(space.prefix_caching)),
         null_block=tuple(sorted(space.null_block)),
         max_loras=lora_slot_choices(space) if loras else (0,),
+        speculative_tokens=DRAFT_CHOICES if drafts else (0,),
     )
     if space.pool_holds_max_model_len:
         base = base.map(
@@ -96,6 +139,12 @@ def ar_configs_in(
             )
         )
     return base.filter(lambda c: space.outside(c) is None)
+
+
+#: `num_speculative_tokens` drawn where the suite drafts: none a quarter of the time.
+DRAFT_CHOICES = (0, 1, 2, 3)
+#: The drafters drawn beside drafts (`ArConfig.num_lookahead_tokens`, `num_drafting_slots`).
+DRAFTERS = ("ngram", "eagle", "draft_model")
 
 
 def lora_slot_choices(space: ArConfigSpace) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from spec.ar.events import (
     ArAborted,
     ArBlocksAllocated,
     ArBlocksFreed,
+    ArDraftsVerified,
     ArFinished,
     ArFinishReason,
     ArOutputTokens,
@@ -202,6 +203,10 @@ class ArReq:
     unpromoted: bool = False
     deferred: bool = False
     keys: list[ContentKey] = field(default_factory=list)  # content keys of blocks 0, 1, ...
+    # speculative decoding (`ArDraftingAdapter`): the drafts proposed for its next step, and
+    # how many of them the model will accept
+    proposed: int = 0
+    accept: int = 0
     # timings (in steps) for metrics
     first_scheduled: int | None = None
     first_token: int | None = None
@@ -288,6 +293,7 @@ class ArSchedulerBase:
         self.step_index: int = 0
         self.arrivals: int = 0
         self.scheduled: dict[str, int] = {}  # this step: request id -> tokens
+        self.step_drafts: dict[str, int] = {}  # this step: request id -> its draft tokens
         self.step_preempted: list[ArReq] = []
 
     @property
@@ -353,6 +359,7 @@ class ArSchedulerBase:
         the scheduled tokens computed at constant batch time), `_update` (running requests at a
         finish reason finish, freeing their blocks); then `step_index` advances."""
         self.scheduled = {}
+        self.step_drafts = {}
         self.step_preempted = []
         self._schedule()
         self._execute()
@@ -401,18 +408,32 @@ class ArSchedulerBase:
         raise NotImplementedError
 
     def _blocks_needed(self, req: ArReq, num_tokens: int) -> int:
-        """New blocks so the request holds computed + num_tokens tokens."""
-        return max(0, self.config.blocks_for(req.num_computed + num_tokens) - len(req.blocks))
+        """New blocks so the request holds computed + num_tokens tokens (and a drafter's
+        lookahead slots past them, `_blocks_upto`)."""
+        return max(0, self._blocks_upto(req.num_computed + num_tokens) - len(req.blocks))
+
+    def _blocks_upto(self, tokens: int) -> int:
+        """The blocks a request computing up to `tokens` holds: those tokens and the
+        drafter's `num_lookahead_tokens` slots after them, within `max_model_len` (vLLM's
+        `allocate_slots`)."""
+        cfg = self.config
+        ahead = cfg.num_lookahead_tokens
+        return cfg.blocks_for(min(tokens + ahead, cfg.max_model_len) if ahead else tokens)
 
     def _grow(self, req: ArReq, n_blocks: int) -> None:
         if n_blocks > 0:
             req.blocks.extend(self.pool.allocate(req.rid, n_blocks))
 
-    def _emit_scheduled(self, req: ArReq, num_tokens: int) -> None:
+    def _emit_scheduled(self, req: ArReq, num_tokens: int, drafts: int = 0) -> None:
+        """`num_tokens` for the request this step, the last `drafts` of them its drafts; its
+        proposal is spent."""
         self.scheduled[req.rid] = num_tokens
+        req.proposed = 0
+        if drafts:
+            self.step_drafts[req.rid] = drafts
         if req.first_scheduled is None:
             req.first_scheduled = self.step_index
-        self.sink(ArScheduled(req.rid, num_tokens))
+        self.sink(ArScheduled(req.rid, num_tokens, drafts))
         self._cache_full_blocks(req, req.num_computed + num_tokens)
 
     def _cache_full_blocks(self, req: ArReq, upto: int) -> None:
@@ -433,6 +454,7 @@ class ArSchedulerBase:
         self.pool.release(victim.rid, freed)
         victim.blocks = []
         victim.num_computed = 0
+        victim.proposed = 0  # vLLM drops a preempted request's drafts
         victim.num_restarts += 1
         self.running.remove(victim)
         self.waiting.appendleft(victim)
@@ -446,29 +468,45 @@ class ArSchedulerBase:
 
     def _execute(self) -> None:
         """The model runs the batch (constant batch time): computed tokens advance and a request
-        that caught up with its known tokens samples one output token."""
+        that caught up with its known tokens samples one output token; where the step carried
+        its drafts, the model then accepts the first `accept` of them, up to the request's end
+        (`ArDraftsVerified`), and the rest are no longer computed."""
         self.sink(ArStepEnd(self.step_index))
         for req in self.running:
             n = self.scheduled.get(req.rid)
             if n is None:
                 continue
+            drafts = self.step_drafts.get(req.rid, 0)
             req.num_computed += n
-            req.attained += n
-            if req.num_computed == req.known:
+            req.attained += n - drafts
+            if req.num_computed - drafts == req.known:
                 req.num_output += 1
                 if req.first_token is None:
                     req.first_token = self.step_index
-                self._name_output(req)
+                accepted = self._verify(req, drafts) if drafts else 0
+                self._name_output(req, 1 + accepted)
         for req in self.waiting:
             req.waited += 1
 
-    def _name_output(self, req: ArReq) -> None:
-        """With prefix caching, name the output just sampled where the request scripts its
-        id (`ArOutputTokens`, in the step's update phase, as vLLM's log names them)."""
+    def _verify(self, req: ArReq, drafts: int) -> int:
+        """The step's `drafts` of `req` verified: the first `accept` become outputs, cut at the
+        request's end; the rest are rolled back (their blocks stay held). With prefix caching
+        the accepted tokens' full blocks are cached, as vLLM caches after the output."""
+        accepted = min(req.accept, drafts, req.spec.final_output - req.num_output)
+        req.num_computed -= drafts - accepted
+        req.num_output += accepted
+        req.attained += accepted
+        self.sink(ArDraftsVerified(req.rid, accepted))
+        self._cache_full_blocks(req, req.num_computed)
+        return accepted
+
+    def _name_output(self, req: ArReq, count: int = 1) -> None:
+        """With prefix caching, name the `count` outputs just sampled where the request scripts
+        their ids (`ArOutputTokens`, in the step's update phase, as vLLM's log names them)."""
         scripted = req.spec.outputs
-        j = req.num_output - 1
-        if self.config.enable_prefix_caching and scripted is not None and j < len(scripted):
-            self.sink(ArOutputTokens(req.rid, (scripted[j],)))
+        first = req.num_output - count
+        if self.config.enable_prefix_caching and scripted is not None and first < len(scripted):
+            self.sink(ArOutputTokens(req.rid, tuple(scripted[first : req.num_output])))
 
     def _update(self) -> None:
         for req in list(self.running):

@@ -92,9 +92,11 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
             hit = self._hit(req)
             req.num_computed = len(hit) * bs  # tentatively, to size the chunk after the hit
             n = self._waiting_tokens(req, budget)
-            need = self.config.blocks_for(req.num_computed + n) - len(hit) if n else 0
+            padded = self._padded(req, req.num_computed, n, budget) if n is not None else None
+            n, drafts = padded if padded is not None else (0, 0)
+            need = self._blocks_upto(req.num_computed + n) - len(hit) if n else 0
             req.num_computed = 0
-            if n is None or self._held_back(req, len(hit) * bs):
+            if padded is None or self._held_back(req, len(hit) * bs):
                 break
             mark = self._watermark_now()
             free = self.pool.num_free
@@ -110,8 +112,8 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
                 self._take_hit(req, hit)
             self._admit(req)
             self._grow(req, need)
-            self._emit_scheduled(req, n)
-            budget -= n
+            self._emit_scheduled(req, n, drafts)
+            budget -= n + self._rows
 
 
 def make_vllm_v1_prefix(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:

@@ -65,7 +65,14 @@ from dataclasses import dataclass
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
 from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
-from spec.ar.events import AR_PAUSE_STATES, ArAwaiting, ArCacheReset, ArPauseSet, ArReady
+from spec.ar.events import (
+    AR_PAUSE_STATES,
+    ArAwaiting,
+    ArCacheReset,
+    ArDraftsProposed,
+    ArPauseSet,
+    ArReady,
+)
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile
 from spec.errors import ConfigError, UnknownRequest
 from spec.implementation import ArImplementation
@@ -118,6 +125,12 @@ class VllmV1Scheduler(ArSchedulerBase):
         self._carried_prefill = False
         self._step_running: set[str] = set()
         self._pause = "unpaused"  # the operator's pause state (`set_pause`)
+        # input rows a draft model adds per scheduled request (vLLM's draft slots), charged
+        # against the budget beside its tokens
+        self._rows = config.num_drafting_slots
+        # this step's running pass scheduled a request still in its prefill (vLLM's
+        # `prefill_scheduled`): no new decode is padded to the drafts' size then
+        self._prefill_scheduled = False
 
     @property
     def rules(self) -> ArRules:
@@ -159,8 +172,10 @@ class VllmV1Scheduler(ArSchedulerBase):
         self._threshold = self._step_threshold()
         self._held = self._cadence_holds()
         self._carried_prefill = False
+        self._prefill_scheduled = False
         self._step_running = {r.rid for r in self.running}
-        budget = self._schedule_running(self.config.max_num_batched_tokens)
+        # the budget a request may take: vLLM's input budget less the drafter's rows for it
+        budget = self._schedule_running(self.config.max_num_batched_tokens - self._rows)
         if not self.step_preempted:
             self._schedule_waiting(budget)
             if not self._held:  # a release step: did it leave requests waiting?
@@ -196,7 +211,7 @@ class VllmV1Scheduler(ArSchedulerBase):
         hit (`computed`)."""
         return self._held and computed < req.known - 1
 
-    def _emit_scheduled(self, req: ArReq, num_tokens: int) -> None:
+    def _emit_scheduled(self, req: ArReq, num_tokens: int, drafts: int = 0) -> None:
         if req.rid in self._step_running:
             self._carried_prefill |= req.rid in self._prefilling
         else:
@@ -205,7 +220,7 @@ class VllmV1Scheduler(ArSchedulerBase):
             self._prefilling.add(req.rid)
         else:
             self._prefilling.discard(req.rid)
-        super()._emit_scheduled(req, num_tokens)
+        super()._emit_scheduled(req, num_tokens, drafts)
 
     def _step_threshold(self) -> int:
         """This step's long-prefill threshold (0: none): the configured one; 0 for a lone
@@ -222,8 +237,12 @@ class VllmV1Scheduler(ArSchedulerBase):
 
     # ------------------------------------------------------------------ running
     def _running_tokens(self, req: ArReq, index: int, budget: int) -> int:
+        """Its uncomputed tokens and the drafts proposed for it (vLLM's
+        `num_tokens_with_spec`), cut to the threshold, the budget (FAIR: the cap, and a token
+        left for each running request after it) and, with drafts, to `max_model_len` less
+        the token the step samples."""
         cfg = self.config
-        n = req.uncomputed
+        n = req.uncomputed + req.proposed
         if self._threshold:
             n = min(n, self._threshold)
         if cfg.policy is Policy.FAIR:
@@ -231,7 +250,15 @@ class VllmV1Scheduler(ArSchedulerBase):
                 n = min(n, cfg.fair_token_cap)
             later = len(self.running) - index - 1  # leave one token for each of them
             budget = max(1, budget - later)
-        return min(n, budget)
+        return self._within_model_len(req, min(n, budget))
+
+    def _within_model_len(self, req: ArReq, n: int) -> int:
+        """With drafts proposed, `n` cut to `max_model_len` less the request's computed
+        tokens and the token the step samples (vLLM: no input position past the model's
+        length)."""
+        if not req.proposed:
+            return n
+        return min(n, self.config.max_model_len - req.num_computed - 1)
 
     def _schedule_running(self, budget: int) -> int:
         i = 0
@@ -252,18 +279,75 @@ class VllmV1Scheduler(ArSchedulerBase):
                     self._held = False  # revisit the prefill chunks the hold skipped
                     i = 0
                 continue
-            self._emit_scheduled(req, n)
-            budget -= n
+            # the drafts it carries: those of its tokens past its known ones
+            drafts = max(0, min(req.proposed, req.num_computed + n - req.known))
+            self._prefill_scheduled |= req.rid in self._prefilling
+            self._emit_scheduled(req, n, drafts)
+            budget -= n + self._rows
             i += 1
         return budget
 
+    def propose_drafts(self, request_id: str, drafts: int, accepted: int) -> None:
+        """`ArDraftingAdapter`: between steps, the drafter proposed `drafts` draft tokens for
+        the running request's next step (replacing any before; vLLM's
+        `update_draft_token_ids`), of which the model will accept the first `accepted`;
+        emits `ArDraftsProposed`. `ConfigError` for a count outside [1,
+        num_speculative_tokens] or `accepted` outside [0, drafts]; `UnknownRequest` for an id
+        that is not running."""
+        k = self.config.num_speculative_tokens
+        if isinstance(drafts, bool) or not isinstance(drafts, int) or not 1 <= drafts <= k:
+            raise ConfigError("drafts", drafts, f"an int in [1, num_speculative_tokens={k}]")
+        if isinstance(accepted, bool) or not isinstance(accepted, int):
+            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
+        if not 0 <= accepted <= drafts:
+            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
+        req = next((r for r in self.running if r.rid == request_id), None)
+        if req is None:
+            raise UnknownRequest(request_id, len(self.waiting) + len(self.running))
+        req.proposed, req.accept = drafts, accepted
+        self.sink(ArDraftsProposed(request_id, drafts))
+
+    def _padded(self, req: ArReq, computed: int, n: int, budget: int) -> tuple[int, int] | None:
+        """(tokens, drafts) of a waiting request's schedule of `n` tokens after `computed`
+        (its cache hit), padded as vLLM pads a new decode with speculative decoding: a
+        request with one token left to compute, in a step whose running pass scheduled no
+        prefill chunk and scheduled a running request (or one with computed tokens), is
+        scheduled 1 + k tokens, k placeholder drafts the model rejects, where they fit
+        `max_model_len`; None where the budget cannot take them (vLLM then stops admitting
+        rather than schedule it unpadded: with a budget below 1 + k and the drafter's rows, a
+        full cache hit then never runs, a finding, `integrations.vllm.spec_pad_fix`). Where
+        the long-prefill threshold would cut the padding vLLM 0.33.0 asserts (the same
+        finding); this then does not pad, as that fix does."""
+        k, cfg = self.config.num_speculative_tokens, self.config
+        if not k or req.known - computed != 1 or self._prefill_scheduled:
+            return n, 0
+        if not computed and not any(rid in self._step_running for rid in self.scheduled):
+            return n, 0
+        padded = 1 + k
+        if (
+            computed + padded + 1 > cfg.max_model_len
+            or 0 < self._threshold < padded
+            # (FAIR, the spec's own policy, caps a schedule: the padding must fit it too)
+            or (cfg.policy is Policy.FAIR and 0 < cfg.fair_token_cap < padded)
+        ):
+            return n, 0
+        if padded > budget:
+            return None
+        req.accept = 0  # placeholders: the model accepts none
+        return padded, k
+
     def _soft_tokens(self, req: ArReq, n: int) -> int:
-        """Soft preemption: the tokens (<= n) its blocks and the free blocks hold."""
+        """Soft preemption: the tokens (<= n) its blocks and the free blocks hold (without
+        chunked prefill never fewer than its uncomputed ones: only its drafts may go)."""
         cfg = self.config
-        if cfg.policy is not Policy.PRIORITY_SOFT or not cfg.enable_chunked_prefill:
+        if cfg.policy is not Policy.PRIORITY_SOFT:
             return n
         room = (len(req.blocks) + self.pool.num_free) * cfg.block_size - req.num_computed
-        return min(n, room) if room >= 1 else n
+        if room < 1:
+            return n
+        if not cfg.enable_chunked_prefill:  # no chunk of a prefill: only its drafts may go
+            return max(min(n, room), req.uncomputed)
+        return min(n, room)
 
     def _fit_or_preempt(self, req: ArReq, n: int, index: int) -> int:
         """Allocate blocks for `n` more tokens (soft: fewer, if that is what fits), preempting
@@ -276,7 +360,8 @@ class VllmV1Scheduler(ArSchedulerBase):
                 return n
             victim = self._pick_victim(req, index)
             unscheduled = self.scheduled.pop(victim.rid, 0)  # victim_among_all
-            self._restored += unscheduled
+            self.step_drafts.pop(victim.rid, None)
+            self._restored += unscheduled + (self._rows if unscheduled else 0)
             if unscheduled:
                 self._uncache_unwritten(victim)
             self._preempt(victim)
@@ -434,8 +519,10 @@ class VllmV1Scheduler(ArSchedulerBase):
     def _schedule_waiting(self, budget: int) -> None:
         while (req := self._next_waiting(budget)) is not None:
             n = self._waiting_tokens(req, budget)
-            if n is None or self._held_back(req, req.num_computed):
+            padded = self._padded(req, req.num_computed, n, budget) if n is not None else None
+            if padded is None or self._held_back(req, req.num_computed):
                 break
+            n, drafts = padded
             need = self._blocks_needed(req, n)
             mark = self._watermark_now()
             free = self.pool.num_free
@@ -448,8 +535,8 @@ class VllmV1Scheduler(ArSchedulerBase):
                 break  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
             self._admit(req)
             self._grow(req, need)
-            self._emit_scheduled(req, n)
-            budget -= n
+            self._emit_scheduled(req, n, drafts)
+            budget -= n + self._rows
 
     def _admit(self, req: ArReq) -> None:
         self.waiting.remove(req)

@@ -5,6 +5,7 @@ Standard library only; `mypy --strict` clean.
 
 from spec.ar.adapter import (
     ArAwaitingAdapter,
+    ArDraftingAdapter,
     ArEventSink,
     ArImplementationFactory,
     ArPausingAdapter,
@@ -31,6 +32,7 @@ from spec.ar.events import (
     ArCacheEvicted,
     ArCacheHit,
     ArCacheReset,
+    ArDraftsProposed,
     ArDraftsVerified,
     ArEvent,
     ArFinished,
@@ -78,6 +80,8 @@ __all__ = [
     "ArCacheReset",
     "ArConfig",
     "ArConfigSpace",
+    "ArDraftingAdapter",
+    "ArDraftsProposed",
     "ArDraftsVerified",
     "ArEvent",
     "ArEventSink",

@@ -119,6 +119,24 @@ class ArPausingAdapter(Protocol):
         ...
 
 
+@runtime_checkable
+class ArDraftingAdapter(Protocol):
+    """Optional, beside `ArSchedulerAdapter`: a scheduler with speculative decoding
+    (`ArConfig.num_speculative_tokens` > 0) whose drafter and model the caller scripts, one
+    proposal at a time. A decision twin that has it replays a log's drafts (`check-trace
+    --twin`); one without it cannot (`CannotDrive`)."""
+
+    def propose_drafts(self, request_id: str, drafts: int, accepted: int) -> None:
+        """Between steps: the drafter proposed `drafts` draft tokens (1 to
+        `num_speculative_tokens`) for the running request's next step, which replace any it
+        proposed before; emits `ArDraftsProposed(request_id, drafts)`. The step that
+        schedules the request schedules as many of them as its tokens allow, and the model
+        then accepts the first min(`accepted`, scheduled) of them (fewer where the request's
+        end comes first). `UnknownRequest` for an id that is not running; `ConfigError` for
+        a count outside [1, num_speculative_tokens] or `accepted` outside [0, drafts]."""
+        ...
+
+
 class ArImplementationFactory(Protocol):
     """Builds a fresh AR scheduler for `config` that reports its events to `sink`; it may
     refuse a configuration it does not support with `spec.errors.ConfigError`."""

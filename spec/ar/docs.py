@@ -50,7 +50,10 @@ in docs/schedulers.md.
    `speculative_drafts`), then, optionally, `ArOutputTokens(request, tokens)` with the ids
    of the outputs the step produced (rule `output_tokens`; see prefix caching), then
    `ArBlocksFreed`, then `ArFinished` for every request whose finish condition holds
-   (`release_events` derives the frees).
+   (`release_events` derives the frees). After it, optionally, `ArDraftsProposed(request,
+   drafts)` for each running request the drafter proposed drafts for (vLLM's
+   `update_draft_token_ids`): its next schedule carries at most these (`speculative_drafts`),
+   and a decision twin replays them.
 
 Between steps (before the first scheduling event of a step, and after the last event) the
 between-steps invariants hold and an adapter's snapshot must equal the abstract state.

@@ -8,7 +8,8 @@ Every event is a frozen, slotted dataclass with a stable `kind` (JSON Lines trac
     model execution    ArStepEnd (each scheduled request computes its tokens; a request that
                        caught up with its known tokens samples one output token)
     update phase       ArDraftsVerified, ArOutputTokens (optional: the ids of the outputs the
-                       step produced), ArBlocksFreed, ArFinished
+                       step produced), ArBlocksFreed, ArFinished, ArDraftsProposed (optional:
+                       the drafts proposed for a request's next step)
 
 `ArSubmitted` and `ArAborted` (with the frees it causes) happen between steps, and so does
 `ArAwaiting` (optional: a request submitted in the same gap may not be admitted yet); its
@@ -230,6 +231,22 @@ class ArDraftsVerified:
 
 
 @dataclass(frozen=True, slots=True)
+class ArDraftsProposed:
+    """Optional, between steps (after the update phase that verified the request's last
+    drafts): the drafter proposed `drafts` draft tokens (1 to `num_speculative_tokens`) for
+    the running, decoding request's next step (vLLM's `update_draft_token_ids`, after a
+    grammar kept those it allows). The next step that schedules the request schedules at most
+    these, fewer where its tokens are cut short (the budget, the long-prefill threshold,
+    `max_model_len`); a preemption drops them, and a proposal replaces the one before. Once a
+    log names one proposal it names them all: a draft scheduled beyond what was proposed
+    breaks `speculative_drafts`. A decision twin replays them (`properties.ar.decisions`)."""
+
+    kind: ClassVar[str] = "ar_drafts_proposed"
+    request_id: str
+    drafts: int
+
+
+@dataclass(frozen=True, slots=True)
 class ArOutputTokens:
     """In the update phase of the step that produced them (after its `ArDraftsVerified`): the
     token ids of the request's next `len(tokens)` outputs, in order, after those earlier
@@ -259,6 +276,7 @@ ArEvent = (
     | ArCacheReset
     | ArStepEnd
     | ArDraftsVerified
+    | ArDraftsProposed
     | ArOutputTokens
     | ArAwaiting
     | ArReady
@@ -279,6 +297,7 @@ AR_EVENT_TYPES: tuple[type[ArEvent], ...] = (
     ArCacheReset,
     ArStepEnd,
     ArDraftsVerified,
+    ArDraftsProposed,
     ArOutputTokens,
     ArAwaiting,
     ArReady,

@@ -55,6 +55,7 @@ from spec.ar.events import (
     ArCacheEvicted,
     ArCacheHit,
     ArCacheReset,
+    ArDraftsProposed,
     ArDraftsVerified,
     ArEvent,
     ArFinished,
@@ -121,6 +122,9 @@ class _Req:
     released: bool = False
     # draft tokens the step that just ended computed, awaiting their `ArDraftsVerified`
     drafts: int = 0
+    # the drafts proposed for its next step (`ArDraftsProposed`), until it is scheduled or
+    # preempted; None: none
+    proposed: int | None = None
     # the ids of its first outputs, as `ArOutputTokens` named them (the rest are private)
     output_ids: list[int] = field(default_factory=list)
     # its outputs before the last step that scheduled it (the update phase after that step
@@ -250,6 +254,8 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._pause = "unpaused"  # `ArPauseSet`: the operator's pause state
         self._reset_pending: list[str] = []  # preempted by a reset whose `ArCacheReset` is due
         self._unverified: set[str] = set()  # requests whose drafts await `ArDraftsVerified`
+        # the log names the drafter's proposals (`ArDraftsProposed`): every draft is one
+        self._proposals_named = False
         # failed-input requests the last step's admission pass reached: ended by now
         self._last_reached_failed: list[str] = []
         self._arrivals = 0
@@ -347,6 +353,18 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             return r.phase
         ended = self._ended.get(request_id)
         return None if ended is None else ended[0]
+
+    def decoding_requests(self) -> list[str]:
+        """The running requests that decode (an output sampled, every known token but the
+        last computed, no drafts awaiting verification), in running order: those a drafter
+        may propose drafts for (`ArDraftsProposed`)."""
+        return [
+            rid
+            for rid in self._running
+            if (r := self._requests[rid]).num_output > 0
+            and r.num_computed >= r.known - 1
+            and not r.drafts
+        ]
 
     def num_output(self, request_id: str) -> int:
         """Output tokens the request has produced so far (0 if unknown)."""
@@ -1340,6 +1358,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             r.fresh = r.unpromoted = r.deferred = r.adapter_skipped = False
             st.admitted.append(r.request_id)
         st.scheduled[r.request_id] = n
+        r.proposed = None  # scheduled: the proposal is spent (vLLM clears it)
         if drafts:
             st.drafts[r.request_id] = drafts
         if r.decoding_since is None and r.num_computed + n - drafts == r.known:
@@ -1773,6 +1792,7 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
             self._uncache_unwritten(r)
         r.blocks.clear()
         r.num_computed = 0
+        r.proposed = None  # vLLM drops a preempted request's drafts
         r.cached_upto = 0
         r.released = False
         r.phase = ArPhase.PREEMPTED
@@ -2024,6 +2044,15 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
                 + (" (speculative decoding is off)" if k == 0 else ""),
                 e,
             )
+        # (a waiting request's drafts are vLLM's padding of a new decode, proposed by none)
+        if self._proposals_named and r.phase is ArPhase.RUNNING and d > (r.proposed or 0):
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{r.request_id!r} scheduled {d} draft token(s); the drafter proposed "
+                f"{r.proposed or 0} for this step (ar_drafts_proposed): a step schedules at most "
+                "the drafts proposed since the request was last scheduled",
+                e,
+            )
         if r.num_computed + n > self.config.max_model_len - 1:
             raise self._fail(
                 ArRule.SPECULATIVE_DRAFTS,
@@ -2094,6 +2123,40 @@ class ArSpecMachine(MachineBase[ArEvent, ArRule]):
         self._unverified.discard(r.request_id)
         if self.config.enable_prefix_caching:
             self._register_cached(r, r.num_computed)
+        self._touch(r)
+
+    def _drafts_proposed(self, e: ArDraftsProposed) -> None:
+        """`speculative_drafts`: between steps, after the drafts of the step that just ended
+        were verified, the drafter proposed 1 to `num_speculative_tokens` drafts for a
+        running request that decodes (vLLM ignores drafts for a prefill chunk); they replace
+        any proposed before, and from now on every scheduled draft must be proposed."""
+        r = self._active(e.request_id, e)
+        rid, d, k = r.request_id, e.drafts, self.config.num_speculative_tokens
+        self._check_drafts_verified(e)
+        if self._step.in_schedule_phase:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"drafts proposed for {rid!r} inside step {self._step.index}'s schedule phase: "
+                "the drafter proposes between steps, after the update phase",
+                e,
+            )
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= k:
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"{rid!r} proposed drafts={d!r}: an integer in [1, num_speculative_tokens={k}]"
+                + (" (speculative decoding is off)" if k == 0 else ""),
+                e,
+            )
+        if r.phase is not ArPhase.RUNNING or r.num_output == 0 or r.num_computed < r.known - 1:
+            what = "is not running" if r.phase is not ArPhase.RUNNING else "is in its prefill"
+            raise self._fail(
+                ArRule.SPECULATIVE_DRAFTS,
+                f"drafts proposed for {rid!r}, which {what}: a drafter proposes for a running "
+                "request that decodes (vLLM ignores drafts for a prefill chunk)",
+                e,
+            )
+        r.proposed = d
+        self._proposals_named = True
         self._touch(r)
 
     def _output_tokens(self, e: ArOutputTokens) -> None:
@@ -2420,6 +2483,7 @@ ArSpecMachine.handlers = MappingProxyType(
         ArPauseSet: ArSpecMachine._pause_set,
         ArCacheReset: ArSpecMachine._cache_reset,
         ArDraftsVerified: ArSpecMachine._drafts_verified,
+        ArDraftsProposed: ArSpecMachine._drafts_proposed,
         ArOutputTokens: ArSpecMachine._output_tokens,
         ArAwaiting: ArSpecMachine._awaiting,
         ArReady: ArSpecMachine._ready,

@@ -133,7 +133,11 @@ _AR_RULES: dict[ArRule, str] = {
     "blocks, its finish) one `ar_drafts_verified` of the running request says how many the "
     "model accepted: at most those drafts, never past max_tokens or the scripted end token. "
     "They are its next outputs, after the token the step sampled (cached like any computed "
-    "token); the rejected ones are no longer computed, and their blocks stay held.",
+    "token); the rejected ones are no longer computed, and their blocks stay held. An "
+    "`ar_drafts_proposed` (optional, between steps, after the verifications) names the 1 to k "
+    "drafts the drafter proposed for a running request that decodes; once a log names one, a "
+    "running request's step schedules at most the drafts proposed since it was last scheduled "
+    "or preempted (a waiting request's drafts are the engine's padding of a new decode).",
     ArRule.OUTPUT_TOKENS: "An `ar_output_tokens` event (optional) names the integer ids of "
     "outputs its request produced that no earlier one named, in order, in the update phase of "
     "the step that produced them (after its `ar_drafts_verified`, before the next step is "

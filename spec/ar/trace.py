@@ -26,7 +26,13 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from spec.ar.config import AdmissionOrder, ArConfig, ArRules, Policy, VictimOrder
-from spec.ar.events import AR_EVENT_BY_KIND, AR_PAUSE_STATES, ArEvent, ArFinishReason
+from spec.ar.events import (
+    AR_EVENT_BY_KIND,
+    AR_PAUSE_STATES,
+    ArEvent,
+    ArFinishReason,
+    ArScheduled,
+)
 from spec.ar.profile import ArPolicy
 from spec.errors import ConfigError
 from spec.json_text import not_json_detail, parse_json
@@ -109,13 +115,14 @@ def _field(kind: str, name: str, value: object, line_no: int) -> object:
 def ar_event_to_dict(event: ArEvent) -> dict[str, Any]:
     """The event as a JSON-ready object (`stop_sampled` only when set: most logs script their
     stops, and the field is then left out; `reset` and `in_step` likewise only when set;
-    `cache_read_limit` only when bounded; `lora` only when named; `drafts` only when some)."""
+    `cache_read_limit` only when bounded; `lora` only when named; a schedule's `drafts` only
+    when some)."""
     out: dict[str, Any] = {"kind": event.kind}
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
         if f.name in ("stop_sampled", "reset", "in_step") and not value:
             continue
-        if f.name == "drafts" and value == 0:
+        if f.name == "drafts" and value == 0 and isinstance(event, ArScheduled):
             continue
         if f.name in ("cache_read_limit", "lora") and value is None:
             continue

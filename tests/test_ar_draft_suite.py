@@ -1,0 +1,174 @@
+"""The AR conformance suite with speculative decoding (`ar_conformance_machine(...,
+drafts=True)`): configurations with 0 to 3 drafts a step, and a rule by which a drafter
+proposes drafts for a decoding request (`ArDraftingAdapter.propose_drafts`) and the model
+accepts some. The reference `vllm-v1` twins conform and decide alike with themselves; each
+seeded bug in their drafting (below) makes the suite fail, naming its rule, with a program
+that shows the proposal."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from properties.ar.conformance import ar_conformance_machine
+from properties.ar.strategies import ar_configs_in
+from properties.conformance_base import CALLS_NOTE
+from properties.verify import failure_from, run_machine
+from reference.ar.base import ArReq
+from reference.ar.prefix_cache import VLLM_V1_PREFIX, PrefixCachingVllmV1
+from reference.ar.vllm_v1 import VLLM_033, VLLM_V1, VllmV1Scheduler
+from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.config import ArConfig
+from spec.ar.events import ArDraftsVerified
+from spec.errors import SpecViolation
+from spec.implementation import ArImplementation
+from tests.tier import depth
+
+EXAMPLES = int(os.environ.get("SCHEDSPEC_DRAFT_EXAMPLES", depth(60, 300)))
+
+HUNT = settings(
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    max_examples=1000,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    stateful_step_count=30,
+    report_multiple_bugs=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def test_the_suite_draws_drafts_only_where_asked() -> None:
+    drawn: set[int] = set()
+    space = VLLM_V1.profile.space
+
+    @given(ar_configs_in(space, drafts=True))
+    @settings(max_examples=60, derandomize=True, database=None)
+    def draw(config: ArConfig) -> None:
+        drawn.add(config.num_speculative_tokens)
+
+    draw()
+    assert drawn == {0, 1, 2, 3}, drawn
+
+    @given(ar_configs_in(space))
+    @settings(max_examples=30, derandomize=True, database=None)
+    def unasked(config: ArConfig) -> None:
+        assert config.num_speculative_tokens == 0
+
+    unasked()
+
+
+@pytest.mark.parametrize("implementation", [VLLM_V1, VLLM_V1_PREFIX], ids=["vllm-v1", "prefix"])
+def test_the_reference_twins_conform_with_drafts(implementation: ArImplementation) -> None:
+    """Every example conforms, and a second reference run on its operations decides alike."""
+    machine = ar_conformance_machine(
+        implementation.factory,
+        profile=implementation.profile,
+        twin=implementation.factory,
+        twin_policy=implementation.profile.policy,
+        drafts=True,
+    )
+    err, printed = run_machine(machine, settings(HUNT, max_examples=EXAMPLES))
+    assert err is None, printed
+
+
+# ----------------------------------------------------------------------------- seeded bugs
+class KeepsTheProposal(VllmV1Scheduler):
+    """A schedule does not spend the proposal: the next step schedules the same drafts
+    again, which nobody proposed."""
+
+    def _emit_scheduled(self, req: ArReq, num_tokens: int, drafts: int = 0) -> None:
+        kept = req.proposed
+        super()._emit_scheduled(req, num_tokens, drafts)
+        req.proposed = kept
+
+
+class DraftsPastTheModelLength(VllmV1Scheduler):
+    """Drafts are not cut at `max_model_len` less the token the step samples."""
+
+    def _within_model_len(self, req: ArReq, n: int) -> int:
+        return n
+
+
+class AcceptsPastTheEnd(VllmV1Scheduler):
+    """The verification takes every draft the model accepts, past the request's end."""
+
+    def _verify(self, req: ArReq, drafts: int) -> int:
+        accepted = min(req.accept, drafts)
+        req.num_computed -= drafts - accepted
+        req.num_output += accepted
+        req.attained += accepted
+        self.sink(ArDraftsVerified(req.rid, accepted))
+        return accepted
+
+
+class RollsBackEveryDraft(VllmV1Scheduler):
+    """The verification rolls back the accepted drafts too (their KV is then computed again
+    in the next step), while the log says they were accepted."""
+
+    def _verify(self, req: ArReq, drafts: int) -> int:
+        accepted = super()._verify(req, drafts)
+        req.num_computed -= accepted
+        return accepted
+
+
+class PadsPastTheBudget(VllmV1Scheduler):
+    """A new decode is padded to 1 + k tokens even where the budget cannot take them."""
+
+    def _padded(self, req: ArReq, computed: int, n: int, budget: int) -> tuple[int, int] | None:
+        return super()._padded(req, computed, n, 10**6)
+
+
+class DraftsUncharged(PrefixCachingVllmV1):
+    """The budget is charged a running request's tokens less its drafts."""
+
+    def _emit_scheduled(self, req: ArReq, num_tokens: int, drafts: int = 0) -> None:
+        super()._emit_scheduled(req, num_tokens, drafts)
+        self._uncharged += drafts
+
+    def _schedule_running(self, budget: int) -> int:
+        self._uncharged = 0
+        left = super()._schedule_running(budget)
+        return left + self._uncharged
+
+
+def _factory(cls: type[VllmV1Scheduler]) -> ArImplementationFactory:
+    def make(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+        return cls(config, sink, VLLM_033)
+
+    return make
+
+
+#: name -> (class, the reference whose profile it runs under, the rules the suite may name:
+#: drafts past the model's length need blocks past a request's most, so where the pool holds
+#: no more than that, the request preempts itself and the step schedules nothing)
+DRAFT_MUTANTS: dict[str, tuple[type[VllmV1Scheduler], ArImplementation, tuple[str, ...]]] = {
+    "keeps_the_proposal": (KeepsTheProposal, VLLM_V1, ("speculative_drafts",)),
+    "drafts_past_the_model_length": (
+        DraftsPastTheModelLength,
+        VLLM_V1,
+        ("speculative_drafts", "progress"),
+    ),
+    "accepts_past_the_end": (AcceptsPastTheEnd, VLLM_V1, ("speculative_drafts",)),
+    "rolls_back_every_draft": (RollsBackEveryDraft, VLLM_V1, ("snapshot_matches",)),
+    "pads_past_the_budget": (PadsPastTheBudget, VLLM_V1, ("token_budget",)),
+    "drafts_uncharged": (DraftsUncharged, VLLM_V1_PREFIX, ("token_budget",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRAFT_MUTANTS))
+def test_the_suite_catches_a_seeded_drafting_bug(name: str) -> None:
+    cls, implementation, rules = DRAFT_MUTANTS[name]
+    machine = ar_conformance_machine(_factory(cls), profile=implementation.profile, drafts=True)
+    err, printed = run_machine(machine, HUNT)
+    assert err is not None, f"the suite with drafts did not catch {name!r}"
+    assert isinstance(err, SpecViolation), f"{name}: not a SpecViolation:\n{err!r}"
+    assert err.rule in rules, f"{name}: expected one of {rules}, got:\n{err}"
+    failure = failure_from(err, printed)
+    assert "state:" in failure.message
+    assert "num_speculative_tokens=" in failure.program, failure.program
+    calls = failure.program.split(CALLS_NOTE, 1)[1]
+    if name != "pads_past_the_budget":  # padding needs no proposal
+        assert "propose_drafts(" in calls, failure.program
