@@ -328,11 +328,12 @@ def machine_for(
     name: str = "",
     twin: Twin | None = None,
     loras: bool = False,
+    drafts: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """The conformance machine of the implementation's family, under its profile; with `twin`
     (of the same family) every example ends with that decision twin (rule `twin_decisions`);
     with `loras` (AR) LoRA adapter slots and adapters are drawn too, where its space serves
-    them."""
+    them; with `drafts` (AR) speculative decoding too (its adapter must replay a drafter)."""
     if twin is not None and twin.family is not implementation.family:
         raise ValueError(
             f"a {twin.family.value} twin ({twin.name}) for a {implementation.family.value} "
@@ -354,6 +355,7 @@ def machine_for(
         build = ar_conformance_machine
         kwargs["name"] = name or "ArConformance"
         kwargs["loras"] = loras
+        kwargs["drafts"] = drafts
         if isinstance(twin, ArTwin):
             policy = twin.policy if twin.policy is not None else implementation.profile.policy
             kwargs["twin"], kwargs["twin_policy"] = twin.factory, policy
@@ -377,6 +379,7 @@ def verify_implementation(
     twin: Twin | None = None,
     seed: int | None = None,
     loras: bool = False,
+    drafts: bool = False,
 ) -> VerifyResult:
     """Check `implementation` (either family) with `examples` generated programs per run.
 
@@ -389,7 +392,8 @@ def verify_implementation(
     through this decision twin, which must decide exactly alike (rule `twin_decisions`).
     `seed`: draw the programs from this seed instead of the derandomized run's fixed one (the
     same seed draws the same programs). `loras` (AR): draw LoRA adapter slots and adapters
-    too, where the implementation's space serves them.
+    too, where the implementation's space serves them. `drafts` (AR): draw speculative
+    decoding too (the adapter must be a `spec.ar.ArDraftingAdapter`, else `CannotDrive`).
     """
     from properties.campaign import run_campaign
 
@@ -402,6 +406,7 @@ def verify_implementation(
         counter=counter,
         twin=twin,
         loras=loras,
+        drafts=drafts,
     )
     pairs = [(d, "profile") for d in implementation.profile.deviations] + list(accepted)
     start = time.perf_counter()

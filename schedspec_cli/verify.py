@@ -126,6 +126,15 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
         "real-vllm-prefix)",
     )
     v.add_argument(
+        "--drafts",
+        action="store_true",
+        help="AR: draw speculative decoding too (num_speculative_tokens 0 to 3 by ngram, "
+        "EAGLE or a draft model; a drafter's proposals and the model's acceptances scripted; "
+        "rule speculative_drafts), for an implementation whose adapter replays a drafter "
+        "(spec.ar.ArDraftingAdapter: vllm-v1, vllm-v1-prefix and their variants, real-vllm, "
+        "real-vllm-prefix)",
+    )
+    v.add_argument(
         "--seed",
         type=int_in(0, MAX_SEED),
         metavar="N",
@@ -186,6 +195,7 @@ _IMPL_ONLY = (
     "twin",
     "twin_as_declared",
     "loras",
+    "drafts",
     "seed",
     "threads",
 )
@@ -330,6 +340,8 @@ def plan(args: argparse.Namespace) -> Plan:
             refuse_undeclared_modes(args.mode, t)
         if args.loras:
             refuse_loras_unserved(t)
+        if args.drafts and t.family is not Family.AR:
+            raise ConfigError("--drafts", True, f"only with AR implementations ({t.name} is dLLM)")
     twin = None
     if args.twin_as_declared and args.twin is None:
         raise ConfigError(
@@ -401,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
                 twin=twin,
                 seed=args.seed,
                 loras=args.loras,
+                drafts=args.drafts,
             )
             bar.done()
             with call_timeout_set(args.call_timeout):

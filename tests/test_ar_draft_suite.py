@@ -19,6 +19,7 @@ from properties.verify import failure_from, run_machine
 from reference.ar.base import ArReq
 from reference.ar.prefix_cache import VLLM_V1_PREFIX, PrefixCachingVllmV1
 from reference.ar.vllm_v1 import VLLM_033, VLLM_V1, VllmV1Scheduler
+from schedspec_cli.main import main
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig
 from spec.ar.events import ArDraftsVerified
@@ -141,6 +142,14 @@ def _factory(cls: type[VllmV1Scheduler]) -> ArImplementationFactory:
     return make
 
 
+#: A seeded bug as `verify` takes it: `verify --impl tests.test_ar_draft_suite:KEEPS_THE_PROPOSAL
+#: --drafts` fails `speculative_drafts`; without `--drafts` it passes.
+KEEPS_THE_PROPOSAL = ArImplementation(
+    _factory(KeepsTheProposal),
+    VLLM_V1.profile,
+    "seeded bug: vllm-v1 whose schedule does not spend the drafter's proposal",
+)
+
 #: name -> (class, the reference whose profile it runs under, the rules the suite may name:
 #: drafts past the model's length need blocks past a request's most, so where the pool holds
 #: no more than that, the request preempts itself and the step schedules nothing)
@@ -172,3 +181,32 @@ def test_the_suite_catches_a_seeded_drafting_bug(name: str) -> None:
     calls = failure.program.split(CALLS_NOTE, 1)[1]
     if name != "pads_past_the_budget":  # padding needs no proposal
         assert "propose_drafts(" in calls, failure.program
+
+
+def test_verify_draws_drafts_on_request_and_refuses_what_cannot_draft(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`verify --drafts`: the reference passes (beside its twin too); the seeded bug fails
+    `speculative_drafts` with it and passes without it; a dLLM target and an AR scheduler
+    that replays no drafter are refused in one line (exit 2)."""
+
+    def verify(*args: str) -> tuple[int, str, str]:
+        code = main(["verify", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert verify("--impl", "vllm-v1", "--drafts", "--examples", "30")[0] == 0
+    assert (
+        verify(
+            "--impl", "vllm-v1-prefix", "--drafts", "--twin", "vllm-v1-prefix", "--examples", "20"
+        )[0]
+        == 0
+    )
+    bug = "tests.test_ar_draft_suite:KEEPS_THE_PROPOSAL"
+    code, out, _ = verify("--impl", bug, "--drafts", "--examples", "300")
+    assert code == 1 and "speculative_drafts" in out, out
+    assert verify("--impl", bug, "--examples", "30")[0] == 0
+    for target in ("vidur-vllm", "engine"):
+        code, out, err = verify("--impl", target, "--drafts", "--examples", "5")
+        assert code == 2, (target, out, err)
+        assert "drafts" in err and len(err.strip().splitlines()) == 1, err

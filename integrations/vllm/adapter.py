@@ -103,6 +103,7 @@ from integrations.vllm.token_ids import (
     prompt_stream,
     stop_token_id,
     unshared_prompt_token,
+    wrong_draft,
 )
 from integrations.vllm.trace import output_line, schedule_line
 from integrations.vllm.transcript import construction_line, request_line, update_line
@@ -112,10 +113,13 @@ from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, VictimOrder, ru
 from spec.ar.config import validate_ar_request as _validate
 from spec.ar.events import (
     ArAborted,
+    ArDraftsProposed,
+    ArDraftsVerified,
     ArEvent,
     ArFinished,
     ArFinishReason,
     ArOutputTokens,
+    ArScheduled,
     ArStepEnd,
     ArSubmitted,
 )
@@ -402,8 +406,15 @@ class RealVllmScheduler:
         self._config = config
         self.async_scheduling = async_scheduling
         self.pipeline_parallel_size = pipeline_parallel_size
+        #: The configuration's drafts (`ArConfig.num_speculative_tokens`), which `step()`
+        #: verifies as `propose_drafts` scripts them (ngram: no slots of the drafter's own).
+        self.scripted_drafts: bool = bool(config.num_speculative_tokens)
+        if self.scripted_drafts:
+            speculative_tokens, speculative_method = _scripted_drafter(config, speculative_tokens)
         self.speculative_tokens = speculative_tokens
         self.speculative_method = speculative_method
+        #: Request id -> how many of its proposed drafts the model accepts (`propose_drafts`).
+        self._accepts: dict[str, int] = {}
         self.structured_output: bool = structured_output
         if reasoning and not structured_output:
             raise ConfigError(
@@ -851,12 +862,13 @@ class RealVllmScheduler:
                 "None for step() (the AR spec's pool is one KV cache group: drive a hybrid "
                 "cache with integrations.vllm.engine_core)",
             )
-        if self.speculative_tokens:
+        if self.speculative_tokens and not self.scripted_drafts:
             raise ConfigError(
                 "speculative_tokens",
                 self.speculative_tokens,
                 "0 for step() (a speculative step samples several tokens of a request: drive it "
-                "with integrations.vllm.engine_core)",
+                "with integrations.vllm.engine_core, or script the drafts through the "
+                "configuration's num_speculative_tokens and propose_drafts)",
             )
         if self.structured_output:
             raise ConfigError(
@@ -872,6 +884,9 @@ class RealVllmScheduler:
         out = sched.schedule()
         self.transcript[-1] += f"  # {schedule_line(out)}"
         scheduled: dict[str, int] = dict(out.num_scheduled_tokens)
+        drafted = {
+            str(rid): list(ids) for rid, ids in out.scheduled_spec_decode_tokens.items() if ids
+        }
         after = self._view(scheduled, where=f"after schedule() in step {self.step_index}")
         unscheduled = (
             unscheduled_victims(
@@ -887,18 +902,24 @@ class RealVllmScheduler:
             if self._config.enable_prefix_caching
             else {}
         )
+        phase = scheduling_events(
+            before,
+            after,
+            scheduled,
+            self._config.block_size,
+            preempted_order=self._victim_order(before),
+            unscheduled=unscheduled,
+        )
         self._emit(
-            scheduling_events(
-                before,
-                after,
-                scheduled,
-                self._config.block_size,
-                preempted_order=self._victim_order(before),
-                unscheduled=unscheduled,
-            )
+            [
+                ArScheduled(e.request_id, e.num_tokens, len(drafted[e.request_id]))
+                if isinstance(e, ArScheduled) and e.request_id in drafted
+                else e
+                for e in phase
+            ]
         )
         self.sink(ArStepEnd(self.step_index))
-        runner_output = self._fabricate(scheduled)
+        runner_output = self._fabricate(scheduled, drafted)
         before = self._view(where=f"before update_from_output() in step {self.step_index}")
         outputs = {
             rid: (req, len(req.output_token_ids))
@@ -908,6 +929,10 @@ class RealVllmScheduler:
         self.transcript.append(update_line(runner_output))
         engine_outputs = sched.update_from_output(out, runner_output)
         self.transcript[-1] += f"  # {output_line(engine_outputs)}"
+        for rid in drafted:  # vLLM rolled the rejected drafts back in its loop, before freeing
+            if rid in outputs:
+                req, known = outputs[rid]
+                self.sink(ArDraftsVerified(rid, len(req.output_token_ids) - known - 1))
         if self._config.enable_prefix_caching:
             for rid, (req, known) in outputs.items():
                 if ids := appended_outputs(req, known):
@@ -1004,22 +1029,64 @@ class RealVllmScheduler:
     def _victim_order(self, before: ArPoolView) -> list[str]:
         return victim_order(self.sched, before, self._config.policy)
 
-    def _fabricate(self, scheduled: dict[str, int]) -> Any:
+    def _fabricate(
+        self, scheduled: dict[str, int], drafted: dict[str, list[int]] | None = None
+    ) -> Any:
         """The model's output for the batch just scheduled: one sampled token per request past
         its prefill (vLLM's own `is_prefill_chunk`, set by `schedule()`: the request caught up
-        with its known tokens), numbered after its outputs. Under async scheduling the outputs
-        still in flight count too (`num_output_placeholders`, this step's included);
-        synchronously there are none."""
+        with its known tokens), numbered after its outputs, then, for a request whose `drafted`
+        tokens the step verified, the next outputs its proposal's accepted drafts were (none
+        of vLLM's padding: placeholders). Under async scheduling the outputs still in flight
+        count too (`num_output_placeholders`, this step's included); synchronously there are
+        none."""
         reqs = self.sched.requests
         ids = list(scheduled)
+        drafted = drafted or {}
         sampled: list[list[int]] = []
         for rid in ids:
             req = reqs.get(rid)  # None: finished before a deferred batch is sampled; unused
             if req is None or req.is_prefill_chunk:
                 sampled.append([])
                 continue
-            sampled.append([self._token(rid, next_output_index(req))])
+            first = next_output_index(req)
+            drafts = drafted.get(rid, [])
+            accepted = 0 if -1 in drafts else min(self._accepts.pop(rid, 0), len(drafts))
+            sampled.append([self._token(rid, first + j) for j in range(1 + accepted)])
         return runner_output(self.v.outputs.ModelRunnerOutput, ids, sampled_token_ids=sampled)
+
+    def propose_drafts(self, request_id: str, drafts: int, accepted: int) -> None:
+        """`spec.ar.ArDraftingAdapter`, for a configuration with `num_speculative_tokens`:
+        between steps, hand vLLM's scheduler the drafter's proposal for the running request's
+        next step as the engine core does (`update_draft_token_ids`): `drafts` token ids, the
+        first `accepted` of them the request's true next outputs (the step samples them), the
+        rest tokens of no request. Emits `ArDraftsProposed` with the drafts vLLM kept.
+        `ConfigError` without drafts configured or for counts out of range; `UnknownRequest`
+        for an id that is not running."""
+        k = self._config.num_speculative_tokens
+        if not self.scripted_drafts:
+            raise ConfigError("num_speculative_tokens", k, "> 0 to script drafts")
+        if isinstance(drafts, bool) or not isinstance(drafts, int) or not 1 <= drafts <= k:
+            raise ConfigError("drafts", drafts, f"an int in [1, num_speculative_tokens={k}]")
+        if isinstance(accepted, bool) or not isinstance(accepted, int):
+            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
+        if not 0 <= accepted <= drafts:
+            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
+        req = next((r for r in self.sched.running if r.request_id == request_id), None)
+        if req is None:
+            running, waiting = self.sched.get_request_counts()
+            raise UnknownRequest(request_id, int(running) + int(waiting))
+        first = next_output_index(req) + 1  # after the token its next step samples
+        ids = [
+            self._token(request_id, first + j) if j < accepted else wrong_draft(j)
+            for j in range(drafts)
+        ]
+        proposal = self.v.outputs.DraftTokenIds([request_id], [ids])
+        self.transcript.append(f"sched.update_draft_token_ids({proposal!r})")
+        self.sched.update_draft_token_ids(proposal)
+        kept = len(req.spec_token_ids)
+        self._accepts[request_id] = accepted
+        if kept:
+            self.sink(ArDraftsProposed(request_id, kept))
 
     def _token(self, rid: str, index: int) -> int:
         """Output token number `index` (1-based) of request `rid` in its current turn."""
@@ -1034,6 +1101,26 @@ class RealVllmScheduler:
 
     def _reason(self, finish_reason: Any) -> ArFinishReason:
         return finish_reason_of(self.v, finish_reason)
+
+
+def _scripted_drafter(config: ArConfig, speculative_tokens: int) -> tuple[int, str]:
+    """(drafts, method) vLLM is configured with for a configuration that scripts its drafts
+    (`num_speculative_tokens` > 0): ngram's, with no slots of the drafter's own; `ConfigError`
+    for EAGLE's lookahead slots or a draft model's rows (checked in the engine-core loop's
+    logs, `integrations.vllm.event_log`), or a `speculative_tokens` of another count."""
+    k = config.num_speculative_tokens
+    if speculative_tokens not in (0, k):
+        raise ConfigError(
+            "speculative_tokens", speculative_tokens, f"0 or num_speculative_tokens={k}"
+        )
+    if config.num_lookahead_tokens or config.num_drafting_slots:
+        raise ConfigError(
+            "num_lookahead_tokens",
+            config.num_lookahead_tokens,
+            "0 and num_drafting_slots 0 where step() verifies scripted drafts (ngram's: EAGLE "
+            "and a draft model are checked in the engine-core loop's logs)",
+        )
+    return k, "ngram"
 
 
 def appended_outputs(request: Any, known: int) -> tuple[int, ...]:

@@ -44,10 +44,10 @@ from properties.ar.strategies import (
     request_sizes,
 )
 from properties.conformance_base import ConformanceBase, StepCounter
-from spec.ar.adapter import ArImplementationFactory, ArSchedulerAdapter
+from spec.ar.adapter import ArDraftingAdapter, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.profile import ArConfigSpace, ArPolicy, ArProfile, CacheReadLimits
-from spec.errors import ConfigError
+from spec.errors import CannotDrive, ConfigError
 
 DEFAULT_POLICIES = (Policy.FCFS,) * 6 + tuple(p for p in Policy if p is not Policy.FCFS)
 
@@ -109,6 +109,12 @@ def ar_conformance_machine(
                 return
             # read `rules` only from an adapter: a missing or ill-typed one is named (ConfigError)
             require_adapter(probe, ArSchedulerAdapter, factory)
+            if drafts and not isinstance(probe, ArDraftingAdapter):
+                raise CannotDrive(
+                    f"{type(probe).__name__} replays no drafter (its adapter has no "
+                    "propose_drafts), and the suite was asked for drafts: make it a "
+                    "spec.ar.ArDraftingAdapter, or run without drafts (--drafts)"
+                )
             policy = prof.policy
             if policy.rules is None:  # the adapter declares its ordering rules itself
                 policy = dataclasses.replace(policy, rules=probe.rules)

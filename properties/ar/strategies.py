@@ -92,15 +92,20 @@ def ar_configs(
 
 
 def _room_to_pad(config: ArConfig) -> ArConfig:
-    """`config` with a budget that holds vLLM's padding of a new decode (1 + k tokens beside
-    the drafter's rows): below it vLLM never admits a request with one token left after a
-    cache hit (a known finding, `integrations.vllm.spec_pad_fix`), which no suite need find
+    """`config` with a budget and a long-prefill threshold that hold vLLM's padding of a new
+    decode (1 + k tokens, beside the drafter's rows): below the budget vLLM never admits a
+    request with one token left after a cache hit, and below the threshold its `schedule()`
+    asserts (a known finding, `integrations.vllm.spec_pad_fix`), which no suite need find
     again."""
     k = config.num_speculative_tokens
     if not k:
         return config
+    threshold = config.long_prefill_token_threshold
     return config.replace(
-        max_num_batched_tokens=max(config.max_num_batched_tokens, 1 + k + config.num_drafting_slots)
+        max_num_batched_tokens=max(
+            config.max_num_batched_tokens, 1 + k + config.num_drafting_slots
+        ),
+        long_prefill_token_threshold=max(threshold, 1 + k) if threshold else 0,
     )
 
 
