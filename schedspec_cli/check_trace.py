@@ -590,7 +590,7 @@ def _check_ar(
         in_space(extras.named, ran)
         policy = ar_policy_for(extras.named, ran)
     if extras.twin is not None:
-        twin_runs(extras.twin, ran, extras.named, extras.declared)
+        twin_runs(extras.twin, ran, extras.named)
     note = ""
     if isinstance(extras.twin, ArTwin) and not args.twin_as_declared:  # before any event
         settings = extras.declared if extras.declared is not None else policy

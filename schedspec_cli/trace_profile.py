@@ -204,24 +204,10 @@ def twin_replays(twin: ArTwin, config: ArConfig) -> TwinReplays:
 
 
 def twin_runs(
-    twin: DllmTwin | ArTwin,
-    config: DllmConfig | ArConfig,
-    named: TraceProfile | None,
-    declared: ArPolicy | None = None,
+    twin: DllmTwin | ArTwin, config: DllmConfig | ArConfig, named: TraceProfile | None
 ) -> None:
     """Before any event is read: the twin must run the log's configuration (inside its own
-    declared space, or the profile's `named` when it declares none; built without refusing).
-    An AR log whose header `declared` keys cached blocks with the tokens after them
-    (`hash_lookahead_tokens`, EAGLE's with prefix caching) is refused: no AR twin's cache
-    keys do."""
-    ahead = declared.hash_lookahead_tokens if declared is not None else 0
-    caching = isinstance(config, ArConfig) and config.enable_prefix_caching
-    if isinstance(twin, ArTwin) and caching and ahead:
-        raise CannotDrive(
-            f"the log's cache keys each block with the {ahead} token(s) after it "
-            "(hash_lookahead_tokens, an EAGLE drafter's with prefix caching), and no AR "
-            "twin's cache keys do: check the log without --twin"
-        )
+    declared space, or the profile's `named` when it declares none; built without refusing)."""
     if isinstance(twin, ArTwin) and isinstance(config, ArConfig) and twin.space is not None:
         most = twin.space.max_loras
         if most is not None and config.max_loras > most:

@@ -1,8 +1,9 @@
 """An AR decision twin run with the scheduler settings of what it is compared with.
 
 A watermark, the adaptive long-prefill threshold, a prefill cadence, the whole-sequence
-reservation and vLLM 0.34.0's cache-aware window and threshold are settings an operator picks
-(`AR_SETTINGS`), declared in an `ArPolicy`: a log's header (`check-trace --twin`) or an
+reservation, vLLM 0.34.0's cache-aware window and threshold, and the tokens after a block its
+cache keys cover (`hash_lookahead_tokens`, 1 beside an EAGLE drafter) are settings an operator
+picks (`AR_SETTINGS`), declared in an `ArPolicy`: a log's header (`check-trace --twin`) or an
 implementation's profile (`verify --twin`). A setting counts as declared where it differs
 from the idealised spec's (`ArPolicy()`), or where a header writes it out at that value
 (`stated`: the live vLLM log writes `"full_sequence_admission": false` for a vLLM that
@@ -45,6 +46,7 @@ AR_SETTINGS = (
     "full_sequence_admission",
     "cache_aware_window",
     "cache_aware_threshold",
+    "hash_lookahead_tokens",
 )
 _WATERMARK_KIND = ("watermark_of_pool", "watermark_beside_running")
 

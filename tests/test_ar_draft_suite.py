@@ -7,6 +7,7 @@ that shows the proposal."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -23,6 +24,7 @@ from schedspec_cli.main import main
 from spec.ar.adapter import ArEventSink, ArImplementationFactory, ArSchedulerAdapter
 from spec.ar.config import ArConfig
 from spec.ar.events import ArDraftsVerified
+from spec.ar.profile import ArProfile
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.tier import depth
@@ -61,7 +63,27 @@ def test_the_suite_draws_drafts_only_where_asked() -> None:
     unasked()
 
 
-@pytest.mark.parametrize("implementation", [VLLM_V1, VLLM_V1_PREFIX], ids=["vllm-v1", "prefix"])
+def _keyed_ahead(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:
+    return PrefixCachingVllmV1(config, sink, dataclasses.replace(VLLM_033, hash_lookahead=1))
+
+
+#: `vllm-v1-prefix` keying each cached block with the token after it, as vLLM does beside an
+#: EAGLE drafter (`hash_lookahead_tokens`), declared so.
+KEYED_AHEAD = ArImplementation(
+    _keyed_ahead,
+    ArProfile(
+        space=VLLM_V1_PREFIX.profile.space,
+        policy=dataclasses.replace(VLLM_V1_PREFIX.profile.policy, hash_lookahead_tokens=1),
+    ),
+    "vllm-v1-prefix with EAGLE's cache keys",
+)
+
+
+@pytest.mark.parametrize(
+    "implementation",
+    [VLLM_V1, VLLM_V1_PREFIX, KEYED_AHEAD],
+    ids=["vllm-v1", "prefix", "prefix-keyed-ahead"],
+)
 def test_the_reference_twins_conform_with_drafts(implementation: ArImplementation) -> None:
     """Every example conforms, and a second reference run on its operations decides alike."""
     machine = ar_conformance_machine(

@@ -171,6 +171,25 @@ def tally_twin_verdicts(
     return dict(tally)
 
 
+#: `core_program` seeds whose EAGLE logs (prefix caching on) the twin decides otherwise when
+#: its cache keys leave out the token after each block (`--twin-as-declared`): 4 of the first
+#: 40, these the first two.
+LOOKAHEAD_KEYED_SEEDS = (3, 21)
+
+
+def test_the_twin_keys_eagles_blocks_with_the_token_after_them(tmp_path: Path) -> None:
+    """With EAGLE and prefix caching vLLM hashes each block with the token after it; the
+    twin, rebuilt with the header's `hash_lookahead_tokens`, decides alike, and the same
+    twin as it declares itself (keys of a block's own tokens) decides otherwise."""
+    path = tmp_path / "log.jsonl"
+    for seed in LOOKAHEAD_KEYED_SEEDS:
+        path.write_text("".join(f"{line}\n" for line in lookahead_log(seed, "eagle")))
+        code, said = check(str(path), "--twin", "vllm-v1-prefix")
+        assert code == 0 and "(with hash_lookahead_tokens=1)" in said, said
+        code, said = check(str(path), "--twin", "vllm-v1-prefix", "--twin-as-declared")
+        assert code == 1 and "[twin_decisions]" in said, said
+
+
 def blocks_past_the_step(lines: list[str]) -> int:
     """How many times, at a step's end, a request the step allocated blocks to holds more
     than its computed tokens (the step's included) fill: what only lookahead slots make.

@@ -238,15 +238,25 @@ class ArReq:
             return s.outputs[j]
         return (self.rid, "o", i)
 
-    def key(self, k: int, block_size: int) -> ContentKey:
+    def key(self, k: int, block_size: int, ahead: int = 0) -> ContentKey:
         """The content key of block k: the chained tokens [0, (k + 1) * block_size), under the
-        request's LoRA adapter (vLLM hashes it into each block)."""
+        request's LoRA adapter (vLLM hashes it into each block), and with `ahead` the tokens
+        after them too (vLLM's `num_hash_lookahead_tokens`, an EAGLE drafter's; the caller
+        makes sure they are known: `hashable`)."""
         while len(self.keys) <= k:
             j = len(self.keys)
             parent: object = self.keys[-1] if self.keys else ("lora", self.spec.lora)
             toks = tuple(self.token(i) for i in range(j * block_size, (j + 1) * block_size))
             self.keys.append((parent, toks))
-        return self.keys[k]
+        if not ahead:
+            return self.keys[k]
+        start = (k + 1) * block_size
+        return ("ahead", self.keys[k], tuple(self.token(i) for i in range(start, start + ahead)))
+
+    def hashable(self, block_size: int, ahead: int = 0) -> int:
+        """How many leading blocks have a content key now: every full block of its known
+        tokens, less `ahead` (the tokens after a block must be known)."""
+        return max(0, self.known - ahead) // block_size
 
     @property
     def prefill_done(self) -> bool:
@@ -276,6 +286,10 @@ class ArSchedulerBase:
 
     name = "base"
     retain_finished = 10_000
+    # with prefix caching, a block's content key covers this many tokens after it (vLLM's
+    # `num_hash_lookahead_tokens`: 1 with an EAGLE drafter), and it is cached once they are
+    # known, as the request takes its output
+    hash_ahead = 0
     # samples the scripted outputs a request names (`ArRequest.outputs`) and, with prefix
     # caching, names them (`ArOutputTokens`): a decision twin replays a log's next-turn hits
     names_outputs = True
@@ -438,14 +452,15 @@ class ArSchedulerBase:
 
     def _cache_full_blocks(self, req: ArReq, upto: int) -> None:
         """Prefix caching: the full blocks of the first `upto` tokens become cached (as vLLM
-        caches at scheduling the blocks this step fills)."""
+        caches at scheduling the blocks this step fills), those with a content key
+        (`hash_ahead`: the tokens after a block known)."""
         pool = self.pool
         if not isinstance(pool, CachingBlockPool):
             return
-        bs = self.config.block_size
-        full = min(upto, req.known) // bs
+        bs, ahead = self.config.block_size, self.hash_ahead
+        full = min(min(upto, req.known) // bs, req.hashable(bs, ahead))
         for k in range(min(full, len(req.blocks))):
-            pool.register(req.blocks[k], req.key(k, bs))
+            pool.register(req.blocks[k], req.key(k, bs, ahead))
 
     def _preempt(self, victim: ArReq, reset: bool = False) -> None:
         """Free every block, discard computed tokens, wait at the head of the queue. With
@@ -484,6 +499,8 @@ class ArSchedulerBase:
                 if req.first_token is None:
                     req.first_token = self.step_index
                 accepted = self._verify(req, drafts) if drafts else 0
+                if self.hash_ahead and not drafts:  # its last block's next token is known now
+                    self._cache_full_blocks(req, req.num_computed)
                 self._name_output(req, 1 + accepted)
         for req in self.waiting:
             req.waited += 1

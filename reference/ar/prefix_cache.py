@@ -39,8 +39,8 @@ class PrefixCachingVllmV1(VllmV1Scheduler):
         readable = req.known - 1
         if req.spec.cache_read_limit is not None:
             readable = min(readable, req.spec.cache_read_limit)
-        most = readable // bs
-        return pool.lookup([req.key(k, bs) for k in range(most)])
+        most = min(readable // bs, req.hashable(bs, self.hash_ahead))
+        return pool.lookup([req.key(k, bs, self.hash_ahead) for k in range(most)])
 
     def _take_hit(self, req: ArReq, hit: list[int]) -> None:
         pool = self.pool

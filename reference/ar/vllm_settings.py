@@ -98,6 +98,7 @@ def vllm_settings_of(factory: ArImplementationFactory) -> ArPolicy | None:
         full_sequence_admission=options.full_sequence_admission,
         cache_aware_window=options.cache_aware_window,
         cache_aware_threshold=options.cache_aware_threshold,
+        hash_lookahead_tokens=options.hash_lookahead,
     )
 
 
@@ -107,7 +108,8 @@ def with_vllm_settings(
     """The reference twin `factory` (`vllm-v1`, `vllm-v1-prefix` or a variant of this module,
     the very function: a wrapper of one is another scheduler) with vLLM's scheduler settings as
     `settings` declares them: its watermark, adaptive long-prefill threshold, prefill cadence,
-    whole-sequence reservation and cache-aware window and threshold; its other options (a
+    whole-sequence reservation, cache-aware window and threshold, and the tokens after a block
+    its cache keys cover (`hash_lookahead_tokens`); its other options (a
     candidate fix included) kept. None when `factory` is none of these, or `settings` declares
     a watermark other than vLLM's (of the whole pool, binding beside a running request)."""
     base = _OPTIONS_OF.get(factory)
@@ -121,6 +123,7 @@ def with_vllm_settings(
         full_sequence_admission=settings.full_sequence_admission,
         cache_aware_window=settings.cache_aware_window,
         cache_aware_threshold=settings.cache_aware_threshold,
+        hash_lookahead=settings.hash_lookahead_tokens,
     )
 
     def with_settings(config: ArConfig, sink: ArEventSink) -> ArSchedulerAdapter:

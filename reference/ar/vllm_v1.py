@@ -50,6 +50,10 @@ in tests/test_real_vllm.py):
   request is running, one admitted earlier in the step included, a waiting request is admitted
   only if its chunk, and under `full_sequence_admission` its whole sequence, fits with
   int(watermark * num_blocks) blocks (the null block counted) left free;
+- `hash_lookahead` (vLLM's `num_hash_lookahead_tokens`, 1 with an EAGLE drafter, 0 by
+  default there and here): with prefix caching a block's content key covers that many tokens
+  after it, so it is cached once they are known (as the request takes its output) and a hit
+  takes it only where the request's own next tokens match too;
 - `cache_aware_window` / `cache_aware_threshold` (vLLM 0.34.0's cache-aware admission, off by
   default there and here): with prefix caching under FCFS, `reference.ar.prefix_cache`
   reorders the head of the waiting queue by cached prefix before it admits.
@@ -91,6 +95,7 @@ class VllmOptions:
     lift_empty_hold: bool = False
     cache_aware_window: int = 0
     cache_aware_threshold: float = 0.5
+    hash_lookahead: int = 0
 
 
 VLLM_033 = VllmOptions(True, True, True)
@@ -112,6 +117,7 @@ class VllmV1Scheduler(ArSchedulerBase):
         super().__init__(config, sink)
         if options is not None:
             self.options = options
+        self.hash_ahead = self.options.hash_lookahead
         self._threshold = config.long_prefill_token_threshold
         self._restored = 0  # tokens given back by unscheduled victims (victim_among_all)
         # the prefill cadence (`prefill_interval`): executed steps, the last that carried
