@@ -11,7 +11,7 @@ import dataclasses
 import os
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 
 from properties.ar.conformance import ar_conformance_machine
 from properties.ar.strategies import ar_configs_in
@@ -27,20 +27,10 @@ from spec.ar.events import ArDraftsVerified
 from spec.ar.profile import ArProfile
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
+from tests.test_ar_mutants import HUNT  # derandomized, up to 1,000 examples, no shrinking
 from tests.tier import depth
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_DRAFT_EXAMPLES", depth(60, 300)))
-
-HUNT = settings(
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    max_examples=1000,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    stateful_step_count=30,
-    report_multiple_bugs=False,
-    suppress_health_check=list(HealthCheck),
-)
 
 
 def test_the_suite_draws_drafts_only_where_asked() -> None:

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 
 from integrations.vllm import MANIFEST, REAL_VLLM, REAL_VLLM_PREFIX
 from integrations.vllm.adapter import RealVllmScheduler
@@ -27,20 +27,13 @@ from spec.ar.config import ArConfig
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
+from tests.test_ar_mutants import HUNT
 from tests.test_real_vllm_event_log_drafts import PADS_NOTHING
 from tests.tier import depth
 
 EXAMPLES = int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", depth(40, 200)))
 
-RUN = settings(
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    derandomize=True,
-    deadline=None,
-    database=None,
-    stateful_step_count=30,
-    report_multiple_bugs=False,
-    suppress_health_check=list(HealthCheck),
-)
+RUN = HUNT  # the reference suite's settings (derandomized, no shrinking)
 
 
 @pytest.fixture(autouse=True)

@@ -108,7 +108,7 @@ from integrations.vllm.token_ids import (
 from integrations.vllm.trace import output_line, schedule_line
 from integrations.vllm.transcript import construction_line, request_line, update_line
 from integrations.vllm.unscheduled import block_hashes, unscheduled_victims
-from spec.ar.adapter import ArEventSink, drain_steps
+from spec.ar.adapter import ArEventSink, check_proposal, drain_steps
 from spec.ar.config import ArConfig, ArRequest, ArRules, Policy, VictimOrder, rules_for
 from spec.ar.config import validate_ar_request as _validate
 from spec.ar.events import (
@@ -1065,12 +1065,7 @@ class RealVllmScheduler:
         k = self._config.num_speculative_tokens
         if not self.scripted_drafts:
             raise ConfigError("num_speculative_tokens", k, "> 0 to script drafts")
-        if isinstance(drafts, bool) or not isinstance(drafts, int) or not 1 <= drafts <= k:
-            raise ConfigError("drafts", drafts, f"an int in [1, num_speculative_tokens={k}]")
-        if isinstance(accepted, bool) or not isinstance(accepted, int):
-            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
-        if not 0 <= accepted <= drafts:
-            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
+        check_proposal(k, drafts, accepted)
         req = next((r for r in self.sched.running if r.request_id == request_id), None)
         if req is None:
             running, waiting = self.sched.get_request_counts()

@@ -67,7 +67,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from reference.ar.base import ArReq, ArSchedulerBase, CachingBlockPool
-from spec.ar.adapter import ArEventSink, ArSchedulerAdapter
+from spec.ar.adapter import ArEventSink, ArSchedulerAdapter, check_proposal
 from spec.ar.config import ArConfig, ArRules, Policy, VictimOrder
 from spec.ar.events import (
     AR_PAUSE_STATES,
@@ -300,13 +300,7 @@ class VllmV1Scheduler(ArSchedulerBase):
         emits `ArDraftsProposed`. `ConfigError` for a count outside [1,
         num_speculative_tokens] or `accepted` outside [0, drafts]; `UnknownRequest` for an id
         that is not running."""
-        k = self.config.num_speculative_tokens
-        if isinstance(drafts, bool) or not isinstance(drafts, int) or not 1 <= drafts <= k:
-            raise ConfigError("drafts", drafts, f"an int in [1, num_speculative_tokens={k}]")
-        if isinstance(accepted, bool) or not isinstance(accepted, int):
-            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
-        if not 0 <= accepted <= drafts:
-            raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
+        check_proposal(self.config.num_speculative_tokens, drafts, accepted)
         req = next((r for r in self.running if r.rid == request_id), None)
         if req is None:
             raise UnknownRequest(request_id, len(self.waiting) + len(self.running))

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 from spec.ar.config import ArConfig, ArRequest, ArRules
 from spec.ar.events import ArEvent
 from spec.ar.snapshot import ArSnapshot
-from spec.errors import SchedulerStalled
+from spec.errors import ConfigError, SchedulerStalled
 
 ArEventSink = Callable[[ArEvent], None]
 
@@ -135,6 +135,16 @@ class ArDraftingAdapter(Protocol):
         end comes first). `UnknownRequest` for an id that is not running; `ConfigError` for
         a count outside [1, num_speculative_tokens] or `accepted` outside [0, drafts]."""
         ...
+
+
+def check_proposal(num_speculative_tokens: int, drafts: int, accepted: int) -> None:
+    """`ConfigError` unless `drafts` is an int in [1, `num_speculative_tokens`] and `accepted`
+    an int in [0, `drafts`]: the arguments `ArDraftingAdapter.propose_drafts` takes."""
+    k = num_speculative_tokens
+    if isinstance(drafts, bool) or not isinstance(drafts, int) or not 1 <= drafts <= k:
+        raise ConfigError("drafts", drafts, f"an int in [1, num_speculative_tokens={k}]")
+    if isinstance(accepted, bool) or not isinstance(accepted, int) or not 0 <= accepted <= drafts:
+        raise ConfigError("accepted", accepted, f"an int in [0, drafts={drafts}]")
 
 
 class ArImplementationFactory(Protocol):
