@@ -20,10 +20,11 @@ import pytest
 
 from properties.ar.decisions import operations, twin_difference
 from properties.ar.harness import ArHarness, ArPropose, ArStep
+from reference.ar.prefix_cache import make_vllm_v1_prefix
 from reference.ar.vllm_v1 import make_vllm_v1_033
 from schedspec_cli.main import main
 from spec.ar.adapter import ArDraftingAdapter
-from spec.ar.config import ArConfig, ArRequest
+from spec.ar.config import ArConfig, ArRequest, Policy
 from spec.ar.events import (
     ArBlocksAllocated,
     ArBlocksFreed,
@@ -222,6 +223,42 @@ def test_a_waiting_request_with_one_token_to_compute_is_padded_to_the_drafts() -
     alone.submit(ArRequest("b", 1, 3))
     alone.step()
     assert scheduled(alone, 0) == [("b", 1, 0)]
+
+
+def test_a_preempted_request_padded_later_accepts_none_of_the_padding() -> None:
+    """r0's proposal (all to be accepted) is dropped when r2, of higher priority, preempts it
+    unscheduled; readmitted with a cache hit of all but its last token, r0 is padded to 1 + k
+    tokens, and its placeholder drafts are all rejected: the acceptance scripted for the
+    dropped proposal does not carry over (with it, r0 accepted one and finished a step early).
+    Found by a random search against a reference that kept the old acceptance."""
+    config = ArConfig(
+        block_size=2,
+        num_blocks=10,
+        max_num_batched_tokens=16,
+        max_num_seqs=3,
+        max_model_len=12,
+        enable_prefix_caching=True,
+        policy=Policy.PRIORITY,
+        num_speculative_tokens=2,
+    )
+    h = ArHarness(make_vllm_v1_prefix, config)
+    h.step()
+    for rid, prompt, outputs, priority in [
+        ("r0", (1, 2, 1, 2, 2), 4, 1),
+        ("r1", (2, 1, 2, 2), 2, 2),
+        ("r2", (2, 2, 1, 2, 2), 5, 0),
+    ]:
+        h.submit(ArRequest(rid, len(prompt), outputs, priority=priority, prompt=prompt))
+    h.step()
+    h.propose_drafts("r2", 2, 2)
+    h.step()  # r2 accepts both; r1 is preempted
+    h.propose_drafts("r0", 2, 2)
+    h.propose_drafts("r2", 2, 2)
+    h.step()  # r2 takes the blocks: r0 is preempted before its schedule, its proposal gone
+    assert scheduled(h, 3) == [("r2", 3, 2)]
+    h.step()  # r0 again: a hit of 6 tokens, 1 to compute, padded
+    assert ("r0", 3, 2) in scheduled(h, 4)
+    assert verified(h)[-1] == ("r0", 0)
 
 
 def test_a_bad_proposal_is_refused_and_changes_nothing() -> None:
