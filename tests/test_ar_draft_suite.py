@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 
 from properties.ar.conformance import ar_conformance_machine
+from properties.ar.example import ArExample
+from properties.ar.harness import ArPropose
 from properties.ar.strategies import ar_configs_in
 from properties.conformance_base import CALLS_NOTE
 from properties.verify import failure_from, run_machine
@@ -193,6 +195,22 @@ def test_the_suite_catches_a_seeded_drafting_bug(name: str) -> None:
     calls = failure.program.split(CALLS_NOTE, 1)[1]
     if name != "pads_past_the_budget":  # padding needs no proposal
         assert "propose_drafts(" in calls, failure.program
+
+
+def test_a_failing_example_with_proposals_replays_the_same_way() -> None:
+    """The example a failure keeps (`SpecViolation.example`: its operations, proposals
+    included) fails again the same way on the mutant, and passes on the reference, as a
+    known fix's trial replays it."""
+    cls, implementation, _ = DRAFT_MUTANTS["keeps_the_proposal"]
+    machine = ar_conformance_machine(_factory(cls), profile=implementation.profile, drafts=True)
+    err, _ = run_machine(machine, HUNT)
+    assert isinstance(err, SpecViolation)
+    example = err.example
+    assert isinstance(example, ArExample)
+    assert any(isinstance(op, ArPropose) for op in example.ops), example.ops
+    again = example.replay(_factory(cls))
+    assert again is not None and again.rule == err.rule
+    assert example.replay(implementation.factory) is None
 
 
 def test_verify_draws_drafts_on_request_and_refuses_what_cannot_draft(

@@ -15,7 +15,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from properties.ar.decisions import apply_ar_ops, twin_difference, twin_harness
-from properties.ar.harness import ArAbort, ArDrain, ArHarness, ArOp, ArStep, ArSubmit
+from properties.ar.harness import (
+    ArAbort,
+    ArAwait,
+    ArDrain,
+    ArHarness,
+    ArInputReady,
+    ArOp,
+    ArPause,
+    ArPropose,
+    ArResetCache,
+    ArStep,
+    ArSubmit,
+)
 from properties.deadline import CallDeadlineExceeded
 from properties.replay import build_for_replay
 from spec.ar.adapter import ArImplementationFactory
@@ -31,6 +43,11 @@ _CALL_OF: dict[type[ArOp], str] = {
     ArAbort: "abort",
     ArStep: "step",
     ArDrain: "drain",
+    ArAwait: "await_input",
+    ArInputReady: "input_ready",
+    ArPause: "set_pause",
+    ArResetCache: "reset_cache",
+    ArPropose: "propose_drafts",
 }
 
 
