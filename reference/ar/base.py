@@ -289,7 +289,7 @@ class ArSchedulerBase:
     # with prefix caching, a block's content key covers this many tokens after it (vLLM's
     # `num_hash_lookahead_tokens`: 1 with an EAGLE drafter), and it is cached once they are
     # known, as the request takes its output
-    hash_ahead = 0
+    hash_ahead: int = 0
     # samples the scripted outputs a request names (`ArRequest.outputs`) and, with prefix
     # caching, names them (`ArOutputTokens`): a decision twin replays a log's next-turn hits
     names_outputs = True

@@ -117,7 +117,7 @@ class VllmV1Scheduler(ArSchedulerBase):
         super().__init__(config, sink)
         if options is not None:
             self.options = options
-        self.hash_ahead = self.options.hash_lookahead
+        self.hash_ahead: int = self.options.hash_lookahead
         self._threshold = config.long_prefill_token_threshold
         self._restored = 0  # tokens given back by unscheduled victims (victim_among_all)
         # the prefill cadence (`prefill_interval`): executed steps, the last that carried
