@@ -1,9 +1,10 @@
 """Real vLLM's drafting under the AR suite (`verify --impl real-vllm --drafts`): the adapter
 scripts each proposal as vLLM's engine core hands it over (`update_draft_token_ids`) and
-samples the accepted drafts (`RealVllmScheduler.propose_drafts`, ngram: no slots of the
-drafter's own). vLLM 0.33.0's scheduler conforms and decides as the `vllm-v1` twins, with
-prefix caching and without; a vLLM that stopped padding a new decode to 1 + k tokens conforms
-too, and only the twin tells.
+samples the accepted drafts (`RealVllmScheduler.propose_drafts`: ngram's, and without prefix
+caching EAGLE's and a draft model's too, with their lookahead slots and rows). vLLM 0.33.0's
+scheduler conforms and decides as the `vllm-v1` twins, with prefix caching and without, each
+drafter drafting; a vLLM that stopped padding a new decode to 1 + k tokens conforms too, and
+only the twin tells.
 
 Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_SKIP_ENGINES=1.
 """
@@ -11,6 +12,7 @@ Needs vLLM installed (`schedspec install-engines vllm`); skipped with SCHEDSPEC_
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from reference.ar.prefix_cache import VLLM_V1_PREFIX
 from reference.ar.vllm_v1 import VLLM_V1
 from spec.ar.adapter import ArEventSink
 from spec.ar.config import ArConfig
+from spec.ar.events import ArEvent, ArScheduled
 from spec.errors import SpecViolation
 from spec.implementation import ArImplementation
 from tests.engine_gate import require_engine
@@ -49,8 +52,26 @@ def _vllm() -> None:
 def test_real_vllm_drafts_conform_and_decide_as_the_twin(
     implementation: ArImplementation, twin: ArImplementation
 ) -> None:
+    """Every example conforms and decides alike; the drafters the adapter builds (without
+    prefix caching all three, with it ngram's) each schedule drafts."""
+    drafted: Counter[str] = Counter()
+
+    def counting(config: ArConfig, sink: ArEventSink) -> Any:
+        drafter = "ngram"
+        if config.num_drafting_slots:
+            drafter = "draft_model"
+        elif config.num_lookahead_tokens:
+            drafter = "eagle"
+
+        def sink_counting(event: ArEvent) -> None:
+            if isinstance(event, ArScheduled) and event.drafts:
+                drafted[drafter] += 1
+            sink(event)
+
+        return implementation.factory(config, sink_counting)
+
     machine = ar_conformance_machine(
-        implementation.factory,
+        counting,
         profile=implementation.profile,
         twin=twin.factory,
         twin_policy=twin.profile.policy,
@@ -58,6 +79,9 @@ def test_real_vllm_drafts_conform_and_decide_as_the_twin(
     )
     err, printed = run_machine(machine, settings(RUN, max_examples=EXAMPLES))
     assert err is None, printed
+    caching = implementation is REAL_VLLM_PREFIX
+    expected = {"ngram"} if caching else {"ngram", "eagle", "draft_model"}
+    assert set(drafted) == expected, drafted
 
 
 def _pads_nothing(config: ArConfig, sink: ArEventSink) -> Any:

@@ -1100,22 +1100,38 @@ class RealVllmScheduler:
 
 def _scripted_drafter(config: ArConfig, speculative_tokens: int) -> tuple[int, str]:
     """(drafts, method) vLLM is configured with for a configuration that scripts its drafts
-    (`num_speculative_tokens` > 0): ngram's, with no slots of the drafter's own; `ConfigError`
-    for EAGLE's lookahead slots or a draft model's rows (checked in the engine-core loop's
-    logs, `integrations.vllm.event_log`), or a `speculative_tokens` of another count."""
+    (`num_speculative_tokens` = k > 0): ngram's without slots of the drafter's own, EAGLE's
+    with k lookahead slots, a draft model's with k slots and one input row per scheduled
+    request. `ConfigError` for other slots or rows, for a drafter's slots beside prefix
+    caching (EAGLE's cache keys cover the token after each block, which the profiles here do
+    not declare; and a victim vLLM schedules and unschedules in one call, which only prefix
+    caching's block hashes tell, had lookahead blocks allocated and freed that no view shows:
+    both checked in the engine-core loop's logs, `integrations.vllm.event_log`), or for a
+    `speculative_tokens` of another count."""
     k = config.num_speculative_tokens
     if speculative_tokens not in (0, k):
         raise ConfigError(
             "speculative_tokens", speculative_tokens, f"0 or num_speculative_tokens={k}"
         )
-    if config.num_lookahead_tokens or config.num_drafting_slots:
+    slots, rows = config.num_lookahead_tokens, config.num_drafting_slots
+    if not slots and not rows:
+        return k, "ngram"
+    if slots != k or rows > 1:
         raise ConfigError(
             "num_lookahead_tokens",
-            config.num_lookahead_tokens,
-            "0 and num_drafting_slots 0 where step() verifies scripted drafts (ngram's: EAGLE "
-            "and a draft model are checked in the engine-core loop's logs)",
+            slots,
+            f"0 (ngram) or num_speculative_tokens={k} (EAGLE; a draft model with "
+            "num_drafting_slots=1)",
         )
-    return k, "ngram"
+    if config.enable_prefix_caching:
+        raise ConfigError(
+            "enable_prefix_caching",
+            True,
+            "False beside a drafter's lookahead slots where step() scripts the drafts (EAGLE's "
+            "and a draft model's logs with prefix caching are checked in the engine-core loop, "
+            "integrations.vllm.event_log)",
+        )
+    return k, "draft_model" if rows else "eagle"
 
 
 def appended_outputs(request: Any, known: int) -> tuple[int, ...]:
