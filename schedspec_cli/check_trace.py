@@ -576,6 +576,7 @@ def _check_ar(
     from properties.ar.trace_check import check_ar_trace
     from properties.verify import ArTwin
     from schedspec_cli.trace_profile import (
+        TwinReplays,
         ar_log_difference,
         ar_policy_for,
         in_space,
@@ -615,10 +616,16 @@ def _check_ar(
     replays = None
     if isinstance(twin, ArTwin):  # a log no twin replays (a pause, a cache reset): exit 2 first
         replays = twin_replays(twin, res.config) if res.config is not None else None
-        outputs, pauses, drafts = (
-            (replays.outputs, replays.pauses, replays.drafts) if replays else (False,) * 3
+        said = replays or TwinReplays(outputs=False, pauses=False)
+        operations(
+            kept or [],
+            res.sampled_stops,
+            res.config,
+            res.policy,
+            said.outputs,
+            said.pauses,
+            said.drafts,
         )
-        operations(kept or [], res.sampled_stops, res.config, res.policy, outputs, pauses, drafts)
     declared = res.policy is not None and res.policy != ArPolicy()
     end = End(res.idle_at_end, res.waiting_ids, res.running_ids, res.unjudged_at_end)
     code = _finish(args, res.events, (res.steps, "steps"), end, extras, declared)

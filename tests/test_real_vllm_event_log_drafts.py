@@ -34,7 +34,7 @@ from integrations.vllm.event_log import VllmEventLog
 from integrations.vllm.patches import SCHEDULER_MODULE, ScheduleFix
 from properties.ar.trace_check import check_ar_trace
 from tests.engine_gate import require_engine
-from tests.test_twin_settings import check
+from tests.test_real_vllm_event_log_lora import twin_agrees
 
 SEEDS = range(6)
 K = 2
@@ -217,15 +217,8 @@ def tally_drafted_logs(
                 continue
             tally["proposals"] += sum('"ar_drafts_proposed"' in line for line in lines)
             tally["drafted"] += sum('"drafts"' in line and "ar_scheduled" in line for line in lines)
-            tally[f"twin exit {twin_verdict(lines, Path(folder), twin)[0]}"] += 1
+            tally[f"twin exit {twin_agrees(lines, Path(folder), twin)[0]}"] += 1
     return dict(tally)
-
-
-def twin_verdict(lines: list[str], tmp_path: Path, twin: str) -> tuple[int, str]:
-    """`check-trace LOG --twin TWIN` on `lines`: its exit code and what it printed."""
-    path = tmp_path / "log.jsonl"
-    path.write_text("".join(f"{line}\n" for line in lines))
-    return check(str(path), "--twin", twin)
 
 
 def test_the_log_names_the_proposals_and_the_twin_replays_them(
@@ -236,11 +229,11 @@ def test_the_log_names_the_proposals_and_the_twin_replays_them(
     proposals = 0
     for seed, lines in logs.items():
         proposals += sum('"ar_drafts_proposed"' in line for line in lines)
-        code, said = twin_verdict(lines, tmp_path, "vllm-v1-prefix")
+        code, said = twin_agrees(lines, tmp_path, "vllm-v1-prefix")
         assert code == 0, f"seed {seed}: {said}"
     assert proposals >= 20, proposals
     for seed in range(3):
-        code, said = twin_verdict(drafted_log(seed, prefix_caching=False), tmp_path, "vllm-v1")
+        code, said = twin_agrees(drafted_log(seed, prefix_caching=False), tmp_path, "vllm-v1")
         assert code == 0, f"seed {seed}: {said}"
 
 
@@ -292,7 +285,7 @@ def test_a_vllm_that_pads_otherwise_is_caught_by_the_twin(
         lines = drafted_log(seed, bug=bug)
         result = check_ar_trace(lines)
         assert result.ok, f"seed {seed}: {result.violation}"
-        code, said = twin_verdict(lines, tmp_path, "vllm-v1-prefix")
+        code, said = twin_agrees(lines, tmp_path, "vllm-v1-prefix")
         assert code == 1 and "[twin_decisions]" in said and "schedules" in said, said
-        code, said = twin_verdict(drafted_log(seed), tmp_path, "vllm-v1-prefix")
+        code, said = twin_agrees(drafted_log(seed), tmp_path, "vllm-v1-prefix")
         assert code == 0, f"released, seed {seed}: {said}"

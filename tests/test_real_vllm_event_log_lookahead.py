@@ -42,6 +42,7 @@ from spec.ar.trace import ArTraceReader
 from spec.errors import ConfigError
 from tests.engine_gate import require_engine
 from tests.test_real_vllm_cache_aware import has_the_setting
+from tests.test_real_vllm_event_log_lora import twin_agrees
 from tests.test_twin_settings import check
 
 #: Programs of the engine-core loop whose pool holds one `max_model_len` sequence with the
@@ -153,7 +154,6 @@ def tally_twin_verdicts(
     tally: Counter[str] = Counter()
     twin = "vllm-v1-prefix" if prefix_caching else "vllm-v1"
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "log.jsonl"
         for seed in seeds:
             lines: list[str] = []
             try:
@@ -166,8 +166,7 @@ def tally_twin_verdicts(
             except EngineCoreViolation:
                 tally["stopped"] += 1
                 continue
-            path.write_text("".join(f"{line}\n" for line in lines))
-            tally[f"exit {check(str(path), '--twin', twin)[0]}"] += 1
+            tally[f"exit {twin_agrees(lines, Path(folder), twin)[0]}"] += 1
     return dict(tally)
 
 
